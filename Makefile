@@ -1,0 +1,39 @@
+# Every target installs what it needs into .venv, so a clean clone needs only Python 3.10+.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint typecheck pytest demo examples clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Reinstall only when the project's metadata changed.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest --cov --cov-report=term
+
+test: lint typecheck pytest
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+examples: $(STAMP)
+	@for script in examples/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) .coverage .mypy_cache .pytest_cache .ruff_cache

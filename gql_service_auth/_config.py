@@ -1,0 +1,61 @@
+"""Reading settings from the environment, and refusing unsafe URLs."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+
+from yarl import URL
+
+from ._errors import ConfigurationError
+
+
+def read_env(environ: Mapping[str, str], name: str) -> str:
+    """The value of one environment variable, which must be set and not empty."""
+    value = environ.get(name, "").strip()
+    if not value:
+        raise ConfigurationError(
+            f"environment variable {name} is not set or empty: "
+            f"export {name}=... (see the README's configuration table)"
+        )
+    return value
+
+
+def join_url(base: str, path: str) -> str:
+    """``base`` with ``path`` appended, however many slashes the base ends with."""
+    return base.rstrip("/") + path
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` names this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if not host:
+        return False
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_url(url: str, *, what: str, allow_insecure_http: bool) -> None:
+    """Refuse a URL that would carry credentials in clear text to another machine.
+
+    Raises:
+        ConfigurationError: the URL is not http(s), or is plain http to a host that is
+            not loopback while ``allow_insecure_http`` is false.
+    """
+    if not isinstance(url, str):
+        raise ConfigurationError(f"{what} must be a str, not {type(url).__name__}")
+    parsed = URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigurationError(f"{what} must be an http:// or https:// URL, got {url!r}")
+    if parsed.user or parsed.password:
+        raise ConfigurationError(
+            f"{what} must not carry credentials in the URL; pass client_id and client_secret"
+        )
+    if parsed.scheme == "http" and not allow_insecure_http and not is_loopback(parsed.host):
+        raise ConfigurationError(
+            f"refusing to send credentials over plain http to {parsed.host} ({what}): "
+            "use an https:// URL, or pass allow_insecure_http=True if this network is trusted"
+        )

@@ -1,0 +1,81 @@
+"""Constants of the service contract and the package's defaults, each in one place.
+
+The contract is ``SERVICE.md``; where it says "unknown", the default here is a guess
+that a keyword argument can override.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Final
+
+ENV_BASE_URL: Final = "SERVICE_BASE_URL"
+"""Environment variable: the API host (``{base_url}``); ``/graphql`` is appended."""
+
+ENV_AUTH_URL: Final = "SERVICE_AUTH_URL"
+"""Environment variable: the authorization server (``{auth_url}``).
+
+``/oauth2/token`` is appended.
+"""
+
+ENV_CLIENT_ID: Final = "SERVICE_CLIENT_ID"
+"""Environment variable: the Client Id created in the web console."""
+
+ENV_CLIENT_SECRET: Final = "SERVICE_CLIENT_SECRET"
+"""Environment variable: the Client Secret created in the web console."""
+
+GRAPHQL_PATH: Final = "/graphql"
+"""Path of the GraphQL endpoint under ``{base_url}``."""
+
+TOKEN_PATH: Final = "/oauth2/token"
+"""Path of the token endpoint under ``{auth_url}``."""
+
+API_KEY_SCHEME: Final = "SERVICE-API-KEY"
+"""Scheme word of the API-key ``Authorization`` header (method 1 of the contract)."""
+
+BEARER_SCHEME: Final = "Bearer"
+"""Scheme word of the access-token ``Authorization`` header (RFC 6750 section 2.1)."""
+
+UNAUTHENTICATED: Final = "UNAUTHENTICATED"
+"""``extensions.code`` of a GraphQL error that refuses the credentials."""
+
+API_KEY_CUTOFF: Final = date(2024, 5, 13)
+"""Credentials registered before this date cannot be used as an API key (method 2 only)."""
+
+DEFAULT_REFRESH_MARGIN: Final = 60.0
+"""Seconds before expiry at which a token is renewed; capped at half the token's lifetime."""
+
+DEFAULT_EXPIRES_IN: Final = 300.0
+"""Seconds a token is trusted when the token endpoint sends no usable ``expires_in``.
+
+The service's token lifetime is unknown, so a token is never trusted forever: five
+minutes costs one token request per five minutes and bounds how long a silent expiry
+can go unnoticed before the early renewal catches it.
+"""
+
+DEFAULT_MAX_RENEWALS: Final = 1
+"""Token renewals (and so retries) per request after an ``UNAUTHENTICATED`` answer."""
+
+DEFAULT_RETRY_ATTEMPTS: Final = 4
+"""Attempts at the token endpoint for one token, the first one included."""
+
+DEFAULT_RETRY_TIMEOUT: Final = 30.0
+"""Seconds one token fetch may take in all, its retries and waits included."""
+
+DEFAULT_WAIT_INITIAL: Final = 0.1
+"""Seconds of the first backoff wait; each further wait doubles, plus jitter."""
+
+DEFAULT_WAIT_MAX: Final = 5.0
+"""Seconds: the longest single backoff wait (a server's ``Retry-After`` may ask for more)."""
+
+DEFAULT_WAIT_JITTER: Final = 0.5
+"""Seconds: the most random jitter added to a backoff wait, to spread out retrying clients."""
+
+MAX_TOKEN_RESPONSE_BYTES: Final = 64 * 1024
+"""Largest token endpoint body read; a token response is a few hundred bytes."""
+
+MAX_SERVER_TEXT: Final = 300
+"""Longest text from a server (an ``error_description``) quoted in an exception message."""
+
+LOGGER_NAME: Final = "gql_service_auth"
+"""Name of the package's logger; event names in log records start with it."""

@@ -1,0 +1,115 @@
+"""The errors gql-service-auth raises: one tree, rooted in :class:`GqlServiceAuthError`.
+
+::
+
+    GqlServiceAuthError
+    ├── ConfigurationError                 (also ValueError)
+    ├── TokenRequestError                  (also gql TransportQueryError)
+    └── UnauthenticatedError               (also gql TransportQueryError)
+        └── ApiKeyRejectedError
+
+Why the gql bases: gql's aiohttp transport turns any error that is not a gql
+``TransportError`` into ``TransportConnectionFailed``, and a reconnecting gql session
+retries every error except ``TransportQueryError`` five times. The errors raised while
+a query runs are ``TransportQueryError`` so that ``except TransportQueryError`` keeps
+catching them, and so gql never multiplies retries this package already bounded:
+transient token endpoint failures were retried here, within
+:class:`~gql_service_auth.RetryPolicy`; bad credentials fail at once.
+
+No message here ever holds a secret, an access token or an ``Authorization`` value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gql.transport.exceptions import TransportQueryError
+
+
+class GqlServiceAuthError(Exception):
+    """Base class of every error raised by gql-service-auth."""
+
+
+class ConfigurationError(GqlServiceAuthError, ValueError):
+    """A transport was given bad settings: a missing variable, an unsafe URL, a bad argument.
+
+    Raised when the transport is built, before any request is sent.
+    """
+
+
+class TokenRequestError(GqlServiceAuthError, TransportQueryError):
+    """The token endpoint did not issue an access token.
+
+    Attributes:
+        status: HTTP status of the last answer, or ``None`` when no answer came
+            (connection refused, timeout).
+        error: The RFC 6749 section 5.2 ``error`` code (``"invalid_client"``...), or
+            ``None`` when the body carried none.
+        error_description: The server's ``error_description``, shortened, or ``None``.
+        error_uri: The server's ``error_uri``, or ``None``.
+        retryable: Whether trying again later may succeed (429, 5xx, network). This
+            package already retried such failures; the flag is for the caller's own policy.
+        retry_after: Seconds the server asked to wait (``Retry-After``), or ``None``.
+        attempts: Requests made to the token endpoint for this token.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        status: int | None = None,
+        error: str | None = None,
+        error_description: str | None = None,
+        error_uri: str | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        hint: str | None = None,
+    ) -> None:
+        TransportQueryError.__init__(self, reason)
+        self.reason = reason
+        self.status = status
+        self.error = error
+        self.error_description = error_description
+        self.error_uri = error_uri
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.hint = hint
+        self.attempts = 1
+
+    def __str__(self) -> str:
+        parts = [self.reason]
+        if self.error_description:
+            parts.append(f"server said: {self.error_description!r}")
+        if self.attempts > 1:
+            parts.append(f"after {self.attempts} attempts")
+        message = "; ".join(parts)
+        return f"{message}. {self.hint}" if self.hint else message
+
+
+class UnauthenticatedError(GqlServiceAuthError, TransportQueryError):
+    """The GraphQL API refused the credentials (``extensions.code == "UNAUTHENTICATED"``).
+
+    ``errors``, ``data`` and ``extensions`` hold the service's answer, as on any gql
+    ``TransportQueryError``; ``errors`` is ``None`` when the server answered HTTP 401
+    without a GraphQL body.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        errors: list[Any] | None = None,
+        data: Any | None = None,
+        extensions: Any | None = None,
+    ) -> None:
+        TransportQueryError.__init__(
+            self, message, errors=errors, data=data, extensions=extensions
+        )
+
+
+class ApiKeyRejectedError(UnauthenticatedError):
+    """The service refused the API key.
+
+    Either the Client Id and Client Secret are wrong, or the credentials were registered
+    before 2024-05-13, which the service accepts only through OAuth2.
+    """

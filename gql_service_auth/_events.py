@@ -1,0 +1,97 @@
+"""Events of the token life cycle: logged under stable names and handed to a user hook."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from ._constants import LOGGER_NAME
+
+EventName: TypeAlias = Literal[
+    "token_fetched",
+    "token_request_retry_scheduled",
+    "token_request_failed",
+    "token_rejected",
+    "request_retry_scheduled",
+]
+"""What happened; the log record's message is ``"gql_service_auth." + name``."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthEvent:
+    """One event of the token life cycle, as handed to an ``on_event`` hook.
+
+    Never carries a secret or a token. Fields that do not apply to an event are ``None``.
+
+    Attributes:
+        name: ``token_fetched`` (a new token arrived), ``token_request_retry_scheduled``
+            (the token endpoint failed transiently and will be asked again),
+            ``token_request_failed`` (no token could be had), ``token_rejected`` (the
+            API refused a token, which is dropped), ``request_retry_scheduled`` (a
+            refused GraphQL request will be sent again with a renewed token).
+        reason: For ``token_fetched``: ``"initial"`` (first token), ``"expiring"``
+            (early or late renewal of an expiring token) or ``"rejected"`` (renewal
+            after the API refused the token).
+        attempt: Number of the attempt that just failed, from 1.
+        wait: Seconds until the next attempt.
+        duration: Seconds the token fetch took, retries included.
+        expires_in: Seconds of lifetime the server gave the new token; ``None`` when it
+            gave none and the default lifetime applies.
+        status: HTTP status of the failed answer, ``None`` when none came.
+        error: RFC 6749 error code, or the exception's class name.
+    """
+
+    name: EventName
+    reason: str | None = None
+    attempt: int | None = None
+    wait: float | None = None
+    duration: float | None = None
+    expires_in: float | None = None
+    status: int | None = None
+    error: str | None = None
+
+
+EventHook: TypeAlias = Callable[[AuthEvent], None]
+"""A callable that receives every :class:`AuthEvent`, e.g. to count renewals.
+
+It runs in the event loop: keep it quick and non-blocking. An exception it raises is
+logged and otherwise ignored, so a metrics bug cannot break authentication.
+"""
+
+logger = logging.getLogger(LOGGER_NAME)
+
+_LEVELS: dict[EventName, int] = {
+    "token_fetched": logging.DEBUG,
+    "token_request_retry_scheduled": logging.INFO,
+    "token_request_failed": logging.WARNING,
+    "token_rejected": logging.INFO,
+    "request_retry_scheduled": logging.INFO,
+}
+
+
+class Emitter:
+    """Logs each event under its stable name and passes it to the user's hook."""
+
+    __slots__ = ("_hook",)
+
+    def __init__(self, hook: EventHook | None) -> None:
+        self._hook = hook
+
+    def __call__(self, event: AuthEvent) -> None:
+        level = _LEVELS[event.name]
+        if logger.isEnabledFor(level):
+            fields = {k: getattr(event, k) for k in AuthEvent.__slots__ if k != "name"}
+            logger.log(
+                level,
+                "%s.%s",
+                LOGGER_NAME,
+                event.name,
+                extra={"gql_service_auth": {k: v for k, v in fields.items() if v is not None}},
+            )
+        if self._hook is not None:
+            try:
+                self._hook(event)
+            except Exception:
+                logger.exception("%s.hook_failed", LOGGER_NAME)

@@ -1,0 +1,425 @@
+"""The OAuth 2.0 client-credentials grant (RFC 6749 section 4.4) as a token fetcher.
+
+The grant builds the request, reads the answer and retries transient failures; sending
+the bytes is left to a :class:`FormPoster`, so another HTTP library can be plugged in.
+:class:`AiohttpFormPoster` is the one the aiohttp transport uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from ssl import SSLContext
+from typing import Literal, Protocol, TypeAlias
+
+import aiohttp
+from aiohttp.client_reqrep import Fingerprint
+from multidict import CIMultiDict
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_exponential_jitter,
+)
+
+from ._constants import (
+    DEFAULT_RETRY_ATTEMPTS,
+    DEFAULT_RETRY_TIMEOUT,
+    DEFAULT_WAIT_INITIAL,
+    DEFAULT_WAIT_JITTER,
+    DEFAULT_WAIT_MAX,
+    MAX_SERVER_TEXT,
+    MAX_TOKEN_RESPONSE_BYTES,
+)
+from ._credentials import ClientCredentials
+from ._errors import ConfigurationError, TokenRequestError
+from ._events import AuthEvent, Emitter
+from ._tokens import TokenResponse
+
+ClientAuthMethod: TypeAlias = Literal["client_secret_post", "client_secret_basic"]
+"""How the client authenticates at the token endpoint (RFC 6749 section 2.3.1 names).
+
+``client_secret_post`` sends id and secret as form fields, as the service contract says;
+``client_secret_basic`` sends them in an HTTP Basic ``Authorization`` header.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounds and backoff for retries: of the token endpoint, and of refused requests.
+
+    The n-th wait is ``wait_initial * 2 ** (n - 1)`` seconds, capped at ``wait_max``, plus
+    up to ``wait_jitter`` seconds of random jitter; a server's ``Retry-After`` is honoured
+    when longer. Use ``RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0)`` in tests.
+
+    Args:
+        attempts: Most requests to the token endpoint for one token, the first included.
+        timeout: Most seconds one token fetch may take, waits included. A ``Retry-After``
+            that would run past it ends the fetch at once instead of sleeping.
+        wait_initial: Seconds of the first wait.
+        wait_max: Seconds of the longest wait computed by backoff.
+        wait_jitter: Seconds of the most jitter added to a wait.
+    """
+
+    attempts: int = DEFAULT_RETRY_ATTEMPTS
+    timeout: float = DEFAULT_RETRY_TIMEOUT
+    wait_initial: float = DEFAULT_WAIT_INITIAL
+    wait_max: float = DEFAULT_WAIT_MAX
+    wait_jitter: float = DEFAULT_WAIT_JITTER
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ConfigurationError("RetryPolicy.attempts must be an int of at least 1")
+        for name in ("timeout", "wait_initial", "wait_max", "wait_jitter"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigurationError(f"RetryPolicy.{name} must be a finite number >= 0")
+        if self.timeout == 0:
+            raise ConfigurationError("RetryPolicy.timeout must be more than 0 seconds")
+
+    def backoff(self) -> wait_exponential_jitter:
+        """The tenacity wait strategy of this policy."""
+        return wait_exponential_jitter(
+            initial=self.wait_initial, max=self.wait_max, jitter=self.wait_jitter
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FormAnswer:
+    """What an HTTP stack hands back from the token endpoint.
+
+    ``headers`` should be case-insensitive, as a ``multidict.CIMultiDict`` is.
+    """
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class FormPoster(Protocol):
+    """Sends a urlencoded form by POST, follows no redirect, and returns the answer.
+
+    Raises:
+        TokenRequestError: with ``retryable=True`` when no answer came (connection
+            failure, timeout).
+    """
+
+    async def __call__(
+        self, url: str, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
+    ) -> FormAnswer: ...
+
+
+class AiohttpFormPoster:
+    """Posts the token request in a short-lived aiohttp session of its own.
+
+    A session of its own keeps the user's default headers, cookies and ``auth`` of the
+    GraphQL session away from the authorization server. One session per fetch costs a
+    connection per token, which is rare, and binds nothing to an event loop between
+    fetches, so tokens can be fetched from any loop or thread.
+
+    Args:
+        ssl: As aiohttp's ``ssl``: the same verification settings as the GraphQL endpoint.
+    """
+
+    def __init__(self, *, ssl: SSLContext | bool | Fingerprint = True) -> None:
+        self._ssl = ssl
+
+    async def __call__(
+        self, url: str, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
+    ) -> FormAnswer:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
+                session.post(
+                    url,
+                    data=dict(form),
+                    headers=dict(headers),
+                    ssl=self._ssl,
+                    allow_redirects=False,
+                ) as response,
+            ):
+                body = await response.content.read(MAX_TOKEN_RESPONSE_BYTES + 1)
+                return FormAnswer(response.status, CIMultiDict(response.headers), body)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            # aiohttp's messages name the host and port, never the request's body or headers.
+            detail = str(exc) or "timed out"
+            raise TokenRequestError(
+                f"could not reach the token endpoint ({type(exc).__name__}: {detail})",
+                retryable=True,
+                hint="Check token_url and the network; this is retried within RetryPolicy",
+            ) from exc
+
+
+# Codes of RFC 6749 section 5.2 and what the user should do about each.
+_HINTS: Mapping[str, str] = {
+    "invalid_client": (
+        "The authorization server refused the Client Id or Client Secret: check client_id "
+        "and client_secret (SERVICE_CLIENT_ID, SERVICE_CLIENT_SECRET). A lost secret cannot "
+        "be shown again: create new credentials in the console"
+    ),
+    "invalid_scope": "The requested scope was refused: check the scope argument",
+    "unauthorized_client": (
+        "These credentials may not use the client-credentials grant: check their settings "
+        "in the console"
+    ),
+    "unsupported_grant_type": (
+        "This endpoint does not support client_credentials: check that token_url is the "
+        "service's {auth_url}/oauth2/token"
+    ),
+    "invalid_grant": "The grant was refused: check the credentials and token_params",
+    "invalid_request": (
+        "The token request was malformed for this server: check token_url, token_params "
+        "and token_auth_method"
+    ),
+}
+_TRANSIENT_CODES = frozenset({"temporarily_unavailable", "server_error", "slow_down"})
+
+
+def _is_transient_status(status: int) -> bool:
+    return status in (408, 425, 429) or status >= 500
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (RFC 9110 section 10.2.3).
+
+    Accepts delay-seconds (a fraction too, leniently) or an HTTP-date; ``None`` when
+    absent or unreadable.
+    """
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return max(seconds, 0.0)
+
+
+def _expires_in(value: object) -> float | None:
+    # RFC 6749 says a number; servers also send numeric strings. Anything unreadable is
+    # treated as absent, so the default lifetime applies rather than "forever".
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _optional_str(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+class ClientCredentialsGrant:
+    """Fetches tokens with the client-credentials grant: a :class:`TokenFetcher`.
+
+    Args:
+        token_url: ``{auth_url}/oauth2/token``.
+        credentials: The client's id and secret.
+        scope: Sent as ``scope`` on every request when given.
+        extra_params: Further form fields sent on every request (``audience``...).
+        auth_method: Form fields (the contract) or HTTP Basic.
+        policy: Bounds of the retries of transient failures.
+        post: The HTTP stack.
+        emit: Receives retry events.
+    """
+
+    def __init__(
+        self,
+        token_url: str,
+        credentials: ClientCredentials,
+        *,
+        scope: str | None,
+        extra_params: Mapping[str, str],
+        auth_method: ClientAuthMethod,
+        policy: RetryPolicy,
+        post: FormPoster,
+        emit: Emitter,
+    ) -> None:
+        if auth_method not in ("client_secret_post", "client_secret_basic"):
+            raise ConfigurationError(
+                "token_auth_method must be 'client_secret_post' or 'client_secret_basic'"
+            )
+        reserved = {"grant_type", "client_id", "client_secret", "scope"} & set(extra_params)
+        if reserved:
+            raise ConfigurationError(
+                f"token_params must not set {', '.join(sorted(reserved))}: "
+                "use the transport's own arguments"
+            )
+        self._token_url = token_url
+        self._credentials = credentials
+        self._auth_method = auth_method
+        self._policy = policy
+        self._post = post
+        self._emit = emit
+        form = {"grant_type": "client_credentials"}
+        if scope:
+            form["scope"] = scope
+        form.update(extra_params)
+        self._public_form = form
+
+    def __repr__(self) -> str:
+        return f"<ClientCredentialsGrant {self._token_url} {self._credentials!r}>"
+
+    def _request(self) -> tuple[dict[str, str], dict[str, str]]:
+        # Built per request, so the secret lives in no long-lived structure but the
+        # credentials object, whose repr hides it.
+        form = dict(self._public_form)
+        headers = {"Accept": "application/json"}
+        if self._auth_method == "client_secret_basic":
+            headers["Authorization"] = self._credentials.basic_authorization()
+        else:
+            form["client_id"] = self._credentials.client_id
+            form["client_secret"] = self._credentials.client_secret
+        return form, headers
+
+    async def __call__(self) -> TokenResponse:
+        """Obtain one token, retrying transient failures within the policy's bounds.
+
+        Raises:
+            TokenRequestError: refused, malformed, or still failing when the bounds ran out.
+        """
+        deadline = time.monotonic() + self._policy.timeout
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._policy.attempts)
+            | stop_before_delay(self._policy.timeout),
+            wait=self._wait,
+            retry=retry_if_exception(
+                lambda exc: isinstance(exc, TokenRequestError) and exc.retryable
+            ),
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+        attempt_number = 0
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempt_number = attempt.retry_state.attempt_number
+                    remaining = max(deadline - time.monotonic(), 0.001)
+                    form, headers = self._request()
+                    answer = await self._post(self._token_url, form, headers, remaining)
+                    return self._parse(answer)
+        except TokenRequestError as exc:
+            exc.attempts = attempt_number
+            raise
+        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    def _wait(self, state: RetryCallState) -> float:
+        wait = float(self._policy.backoff()(state))
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        retry_after = getattr(error, "retry_after", None)
+        return max(wait, retry_after or 0.0)
+
+    def _before_sleep(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        self._emit(
+            AuthEvent(
+                "token_request_retry_scheduled",
+                attempt=state.attempt_number,
+                wait=state.upcoming_sleep,
+                status=getattr(error, "status", None),
+                error=getattr(error, "error", None) or type(error).__name__,
+            )
+        )
+
+    def _redact(self, text: str) -> str:
+        # A server may echo what it was sent; the secret must not reach a message.
+        text = text.replace(self._credentials.client_secret, "***")
+        if len(text) > MAX_SERVER_TEXT:
+            text = text[:MAX_SERVER_TEXT] + "..."
+        return text
+
+    def _parse(self, answer: FormAnswer) -> TokenResponse:
+        status = answer.status
+        if len(answer.body) > MAX_TOKEN_RESPONSE_BYTES:
+            raise TokenRequestError(
+                f"the token endpoint sent more than {MAX_TOKEN_RESPONSE_BYTES} bytes "
+                f"(HTTP {status})",
+                status=status,
+                hint="Check that token_url is the service's {auth_url}/oauth2/token",
+            )
+        try:
+            document: object = json.loads(answer.body)
+        except (ValueError, UnicodeDecodeError):
+            document = None
+        if 300 <= status < 400:
+            location = answer.headers.get("Location")
+            raise TokenRequestError(
+                f"the token endpoint answered with a redirect (HTTP {status}"
+                + (f" to {self._redact(location)}" if location else "")
+                + "), which is not followed so that credentials go nowhere else",
+                status=status,
+                hint="Set token_url to the final address",
+            )
+        if 200 <= status < 300:
+            return self._parse_success(status, document)
+        return self._raise_error(answer, document)
+
+    def _parse_success(self, status: int, document: object) -> TokenResponse:
+        if not isinstance(document, dict):
+            raise TokenRequestError(
+                f"the token endpoint answered HTTP {status} with a body that is not a JSON object",
+                status=status,
+                hint="Check that token_url is the service's {auth_url}/oauth2/token",
+            )
+        access_token = document.get("access_token")
+        if not isinstance(access_token, str) or not access_token.strip():
+            raise TokenRequestError(
+                f"the token endpoint answered HTTP {status} without an access_token",
+                status=status,
+                hint="Check that token_url is the service's {auth_url}/oauth2/token",
+            )
+        return TokenResponse(
+            access_token=access_token,
+            expires_in=_expires_in(document.get("expires_in")),
+            token_type=_optional_str(document.get("token_type")),
+            scope=_optional_str(document.get("scope")),
+        )
+
+    def _raise_error(self, answer: FormAnswer, document: object) -> TokenResponse:
+        status = answer.status
+        fields = document if isinstance(document, dict) else {}
+        error = _optional_str(fields.get("error"))
+        description = _optional_str(fields.get("error_description"))
+        uri = _optional_str(fields.get("error_uri"))
+        retryable = _is_transient_status(status) or error in _TRANSIENT_CODES
+        if error is not None:
+            error = self._redact(error)
+        if error is not None and error in _HINTS:
+            hint = _HINTS[error]
+        elif retryable:
+            hint = "The authorization server is unavailable; try again later"
+        elif status in (401, 403):
+            hint = _HINTS["invalid_client"]
+        else:
+            hint = "Check token_url and the credentials"
+        raise TokenRequestError(
+            f"the token endpoint refused the request (HTTP {status}"
+            + (f", {error}" if error else "")
+            + ")",
+            status=status,
+            error=error,
+            error_description=self._redact(description) if description else None,
+            error_uri=self._redact(uri) if uri else None,
+            retryable=retryable,
+            retry_after=parse_retry_after(answer.headers.get("Retry-After")),
+            hint=hint,
+        )

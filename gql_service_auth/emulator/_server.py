@@ -1,0 +1,592 @@
+"""The emulator: the service's GraphQL API and token endpoint on loopback, with fault knobs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import date
+from typing import Any, Literal
+from urllib.parse import unquote_plus
+
+from aiohttp import BodyPartReader, web
+from graphql import ExecutionResult, graphql
+from multidict import CIMultiDict
+
+from .._constants import (
+    API_KEY_CUTOFF,
+    API_KEY_SCHEME,
+    BEARER_SCHEME,
+    ENV_AUTH_URL,
+    ENV_BASE_URL,
+    ENV_CLIENT_ID,
+    ENV_CLIENT_SECRET,
+    GRAPHQL_PATH,
+    TOKEN_PATH,
+    UNAUTHENTICATED,
+)
+from . import _schema
+from ._schema import UploadedFile
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class ClientRecord:
+    """Credentials the emulator knows, with the date they were registered.
+
+    Args:
+        client_id: The Client Id.
+        client_secret: The Client Secret; ``repr`` hides it.
+        registered: Registration date; before 2024-05-13 the API key is refused.
+        scopes: Scopes the client may request; ``None`` allows any.
+    """
+
+    client_id: str
+    client_secret: str
+    registered: date = date(2025, 1, 15)
+    scopes: frozenset[str] | None = None
+
+    @classmethod
+    def generate(cls, client_id: str, registered: date) -> ClientRecord:
+        """A client with a fresh random secret."""
+        return cls(client_id, "emu-secret-" + secrets.token_urlsafe(18), registered)
+
+    @property
+    def api_key_allowed(self) -> bool:
+        """Whether the API key works: registered on or after 2024-05-13."""
+        return self.registered >= API_KEY_CUTOFF
+
+    def __repr__(self) -> str:
+        return (
+            f"ClientRecord(client_id={self.client_id!r}, client_secret='***', "
+            f"registered={self.registered.isoformat()})"
+        )
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class RecordedRequest:
+    """One request the emulator received, kept so tests can check what was sent.
+
+    Attributes:
+        path: ``/graphql`` or ``/oauth2/token``.
+        headers: The request headers (``repr`` hides them: they hold credentials).
+        form: The urlencoded form of a token request, else ``None``.
+        auth_scheme: First word of the ``Authorization`` header, or ``None``.
+    """
+
+    path: str
+    headers: CIMultiDict[str]
+    form: Mapping[str, str] | None = None
+
+    @property
+    def auth_scheme(self) -> str | None:
+        """First word of the ``Authorization`` header, or ``None`` without one."""
+        value = self.headers.get("Authorization")
+        return value.split(" ", 1)[0] if value else None
+
+    def __repr__(self) -> str:
+        return f"RecordedRequest(path={self.path!r}, auth_scheme={self.auth_scheme!r})"
+
+
+@dataclass(slots=True)
+class _Fault:
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
+
+
+@dataclass(slots=True)
+class _Issued:
+    client_id: str
+    expires_at: float
+
+
+class ManualClock:
+    """A monotonic clock that moves only when told, shared by a transport and the emulator.
+
+    Pass it as ``clock=`` to both, then ``advance()`` past a token's lifetime instead of
+    sleeping through it.
+    """
+
+    __test__ = False
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds``."""
+        with self._lock:
+            self._now += seconds
+
+
+@dataclass(slots=True)
+class Counters:
+    """What the emulator has seen since it started or since :meth:`Emulator.reset_counters`."""
+
+    token_requests: int = 0
+    tokens_issued: int = 0
+    graphql_requests: int = 0
+    unauthenticated_responses: int = 0
+    mutations_run: int = 0
+
+
+def _json_bytes(value: object) -> bytes:
+    return json.dumps(value).encode()
+
+
+class Emulator:
+    """The service on 127.0.0.1: GraphQL API, token endpoint, and knobs to make them fail.
+
+    Start it as an async context manager (``async with Emulator() as emulator``), or in a
+    thread of its own for sync code and tests (``with Emulator().run_in_thread()``).
+    Knobs are plain attributes and may be changed while it runs.
+
+    Args:
+        clients: Known credentials; by default one recent client and one registered
+            before 2024-05-13, with random secrets.
+        host: Address to listen on; loopback by default.
+        port: Port to listen on; 0 picks a free one.
+        token_ttl: Seconds a token stays valid.
+        clock: Monotonic clock in seconds for token expiry.
+        carriers: How many carriers to seed.
+
+    Attributes:
+        token_ttl: Seconds a newly issued token stays valid.
+        expires_in_format: How ``expires_in`` is sent: ``"number"``, ``"string"`` or
+            ``"omitted"``.
+        token_latency: Seconds the token endpoint waits before answering.
+        graphql_latency: Seconds the GraphQL endpoint waits before answering.
+        unauthenticated_status: HTTP status of ``UNAUTHENTICATED`` answers (200 by default).
+        unauthenticated_body: Whether those answers carry the GraphQL body; ``False`` with
+            status 401 gives a bare 401.
+        refuse_all_tokens: Refuse every access token, even fresh ones.
+        counters: Request counters.
+        requests: The last 10,000 requests received.
+    """
+
+    __test__ = False
+
+    def __init__(
+        self,
+        *,
+        clients: Iterable[ClientRecord] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token_ttl: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+        carriers: int = 25,
+    ) -> None:
+        if clients is None:
+            clients = (
+                ClientRecord.generate("emu-recent-client", date(2025, 1, 15)),
+                ClientRecord.generate("emu-legacy-client", date(2023, 9, 1)),
+            )
+        self.clients: dict[str, ClientRecord] = {c.client_id: c for c in clients}
+        self.host = host
+        self.port = port
+        self.token_ttl = token_ttl
+        self.expires_in_format: Literal["number", "string", "omitted"] = "number"
+        self.token_latency = 0.0
+        self.graphql_latency = 0.0
+        self.unauthenticated_status = 200
+        self.unauthenticated_body = True
+        self.refuse_all_tokens = False
+        self.counters = Counters()
+        self.requests: deque[RecordedRequest] = deque(maxlen=10_000)
+        self.carriers = _schema.seed_carriers(carriers)
+        self._clock = clock
+        self._schema = _schema.build()
+        self._tokens: dict[str, _Issued] = {}
+        self._faults: deque[_Fault] = deque()
+        self._runner: web.AppRunner | None = None
+
+    def __repr__(self) -> str:
+        return f"<Emulator {self.base_url if self._runner else 'not started'}>"
+
+    # -- addresses -------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """``{base_url}`` of the contract, e.g. ``http://127.0.0.1:8123``."""
+        if self._runner is None:
+            raise RuntimeError("the emulator is not started")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def auth_url(self) -> str:
+        """``{auth_url}`` of the contract; the same server as the API here."""
+        return self.base_url
+
+    @property
+    def graphql_url(self) -> str:
+        """The GraphQL endpoint, ``{base_url}/graphql``."""
+        return self.base_url + GRAPHQL_PATH
+
+    @property
+    def token_url(self) -> str:
+        """The token endpoint, ``{auth_url}/oauth2/token``."""
+        return self.auth_url + TOKEN_PATH
+
+    @property
+    def recent_client(self) -> ClientRecord:
+        """The first known client that may use the API key."""
+        return next(c for c in self.clients.values() if c.api_key_allowed)
+
+    @property
+    def legacy_client(self) -> ClientRecord:
+        """The first known client registered before 2024-05-13 (OAuth2 only)."""
+        return next(c for c in self.clients.values() if not c.api_key_allowed)
+
+    def environ(self, client: ClientRecord | None = None) -> dict[str, str]:
+        """The ``SERVICE_*`` variables that point ``from_env`` at this emulator."""
+        client = client or self.recent_client
+        return {
+            ENV_BASE_URL: self.base_url,
+            ENV_AUTH_URL: self.auth_url,
+            ENV_CLIENT_ID: client.client_id,
+            ENV_CLIENT_SECRET: client.client_secret,
+        }
+
+    # -- knobs -----------------------------------------------------------------------
+
+    def fail_token_requests(
+        self,
+        count: int,
+        status: int = 503,
+        *,
+        body: bytes | str | Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        """Answer the next ``count`` token requests with ``status`` instead of a token.
+
+        Args:
+            count: How many requests fail.
+            status: Their HTTP status.
+            body: Their body; by default an RFC 6749 error object for 4xx and 5xx.
+            headers: Extra response headers (``Location`` for a redirect...).
+            retry_after: Seconds to send as ``Retry-After``.
+        """
+        if body is None:
+            body = (
+                {
+                    "error": "temporarily_unavailable" if status >= 500 else "invalid_request",
+                    "error_description": "fault injected by the emulator",
+                }
+                if status >= 400
+                else b""
+            )
+        if isinstance(body, str):
+            body = body.encode()
+        raw = body if isinstance(body, bytes) else _json_bytes(dict(body))
+        fault_headers = dict(headers or {})
+        if retry_after is not None:
+            fault_headers["Retry-After"] = f"{retry_after:g}"
+        self._faults.extend(_Fault(status, raw, fault_headers) for _ in range(count))
+
+    def revoke_tokens(self) -> None:
+        """Revoke every token issued so far; clients still think them valid."""
+        self._tokens.clear()
+
+    def reset_counters(self) -> None:
+        """Zero the counters and forget the recorded requests."""
+        self.counters = Counters()
+        self.requests.clear()
+
+    def count_mutation(self) -> None:
+        """Called by the schema's mutation resolvers."""
+        self.counters.mutations_run += 1
+
+    # -- life cycle ------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        """The ``aiohttp.web`` application, for embedding in a server of your own."""
+        app = web.Application()
+        app.router.add_post(GRAPHQL_PATH, self._graphql)
+        app.router.add_post(TOKEN_PATH, self._token)
+        return app
+
+    async def start(self) -> None:
+        """Start listening; :attr:`port` then holds the actual port."""
+        runner = web.AppRunner(self.app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+
+    async def close(self) -> None:
+        """Stop listening."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Emulator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @contextlib.contextmanager
+    def run_in_thread(self) -> Iterator[Emulator]:
+        """Serve from a background thread with its own event loop, for sync callers."""
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.close())
+            loop.close()
+
+        thread = threading.Thread(target=serve, name="gql-service-auth-emulator", daemon=True)
+        thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the emulator did not start within 10 s")
+        if failure:
+            raise failure[0]
+        try:
+            yield self
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def running(cls, **kwargs: Any) -> AsyncIterator[Emulator]:
+        """``async with Emulator.running(token_ttl=5) as emulator:`` in one line."""
+        async with cls(**kwargs) as emulator:
+            yield emulator
+
+    # -- token endpoint --------------------------------------------------------------
+
+    async def _token(self, request: web.Request) -> web.Response:
+        self.counters.token_requests += 1
+        if self.token_latency:
+            await asyncio.sleep(self.token_latency)
+        form: dict[str, str] | None = None
+        if request.content_type == "application/x-www-form-urlencoded":
+            form = {k: v for k, v in (await request.post()).items() if isinstance(v, str)}
+        self.requests.append(RecordedRequest(TOKEN_PATH, request.headers.copy(), form))
+        if self._faults:
+            fault = self._faults.popleft()
+            return web.Response(status=fault.status, body=fault.body, headers=fault.headers)
+        if form is None:
+            return self._oauth_error(
+                400, "invalid_request", "use application/x-www-form-urlencoded"
+            )
+        if form.get("grant_type") != "client_credentials":
+            return self._oauth_error(
+                400, "unsupported_grant_type", "only client_credentials is supported"
+            )
+        client_id, client_secret, error = self._client_auth(request, form)
+        if error is not None:
+            return error
+        client = self.clients.get(client_id or "")
+        if (
+            client is None
+            or client_secret is None
+            or not hmac.compare_digest(client.client_secret.encode(), client_secret.encode())
+        ):
+            return self._oauth_error(401, "invalid_client", "client authentication failed")
+        scope = form.get("scope")
+        if scope and client.scopes is not None and not set(scope.split()) <= client.scopes:
+            return self._oauth_error(400, "invalid_scope", "scope not allowed for this client")
+        return self._issue(client, scope)
+
+    def _client_auth(
+        self, request: web.Request, form: Mapping[str, str]
+    ) -> tuple[str | None, str | None, web.Response | None]:
+        header = request.headers.get("Authorization", "")
+        if header.lower().startswith("basic "):
+            if "client_secret" in form:
+                # RFC 6749 section 2.3: one authentication method per request.
+                return (
+                    None,
+                    None,
+                    self._oauth_error(
+                        400, "invalid_request", "use one client authentication method"
+                    ),
+                )
+            try:
+                raw = base64.b64decode(header[6:].strip(), validate=True).decode()
+            except ValueError:
+                return None, None, self._oauth_error(401, "invalid_client", "bad Basic header")
+            client_id, _, client_secret = raw.partition(":")
+            return unquote_plus(client_id), unquote_plus(client_secret), None
+        return form.get("client_id"), form.get("client_secret"), None
+
+    def _issue(self, client: ClientRecord, scope: str | None) -> web.Response:
+        token = "emu-token-" + secrets.token_urlsafe(24)
+        self._tokens[token] = _Issued(client.client_id, self._clock() + self.token_ttl)
+        self.counters.tokens_issued += 1
+        body: dict[str, Any] = {"access_token": token, "token_type": BEARER_SCHEME}
+        ttl = int(self.token_ttl) if float(self.token_ttl).is_integer() else self.token_ttl
+        if self.expires_in_format == "number":
+            body["expires_in"] = ttl
+        elif self.expires_in_format == "string":
+            body["expires_in"] = str(ttl)
+        if scope:
+            body["scope"] = scope
+        # RFC 6749 section 5.1: token responses must not be cached.
+        return web.Response(
+            body=_json_bytes(body),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
+        )
+
+    @staticmethod
+    def _oauth_error(status: int, error: str, description: str) -> web.Response:
+        return web.Response(
+            status=status,
+            body=_json_bytes({"error": error, "error_description": description}),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    # -- GraphQL endpoint ------------------------------------------------------------
+
+    async def _graphql(self, request: web.Request) -> web.Response:
+        self.counters.graphql_requests += 1
+        self.requests.append(RecordedRequest(GRAPHQL_PATH, request.headers.copy()))
+        if self.graphql_latency:
+            await asyncio.sleep(self.graphql_latency)
+        try:
+            payload = await self._read_payload(request)
+        except ValueError as exc:
+            return self._errors_response([{"message": f"bad request: {exc}"}], status=400)
+        refusal = self._authenticate(request.headers.get("Authorization"))
+        if refusal is not None:
+            self.counters.unauthenticated_responses += 1
+            return self._refuse(refusal, payload)
+        if isinstance(payload, list):
+            results = [await self._execute(item) for item in payload]
+            return web.json_response(results)
+        return web.json_response(await self._execute(payload))
+
+    def _authenticate(self, header: str | None) -> str | None:
+        """``None`` when the header is accepted, else the refusal's message."""
+        if not header:
+            return "missing Authorization header"
+        scheme, _, credentials = header.partition(" ")
+        if scheme == API_KEY_SCHEME:
+            client_id, _, client_secret = credentials.partition(":")
+            client = self.clients.get(client_id)
+            if client is None or not hmac.compare_digest(
+                client.client_secret.encode(), client_secret.encode()
+            ):
+                return "invalid API key"
+            if not client.api_key_allowed:
+                return (
+                    "API key authentication is not available for credentials registered "
+                    "before 2024-05-13: use an OAuth2 access token or create new credentials"
+                )
+            return None
+        if scheme.lower() == BEARER_SCHEME.lower():
+            issued = self._tokens.get(credentials)
+            if self.refuse_all_tokens or issued is None:
+                return "invalid access token"
+            if self._clock() >= issued.expires_at:
+                return "access token expired"
+            return None
+        return f"unsupported Authorization scheme {scheme!r}"
+
+    def _refuse(self, message: str, payload: object) -> web.Response:
+        if not self.unauthenticated_body:
+            return web.Response(status=self.unauthenticated_status)
+        error = {"message": message, "extensions": {"code": UNAUTHENTICATED}}
+        result = {"data": None, "errors": [error]}
+        body = [result] * len(payload) if isinstance(payload, list) else result
+        return web.json_response(body, status=self.unauthenticated_status)
+
+    @staticmethod
+    def _errors_response(errors: list[dict[str, Any]], *, status: int) -> web.Response:
+        return web.json_response({"data": None, "errors": errors}, status=status)
+
+    async def _read_payload(self, request: web.Request) -> dict[str, Any] | list[Any]:
+        if request.content_type == "multipart/form-data":
+            return await self._read_multipart(request)
+        try:
+            payload = json.loads(await request.read())
+        except ValueError:
+            raise ValueError("the body is not JSON") from None
+        if isinstance(payload, dict) or (
+            isinstance(payload, list) and payload and all(isinstance(p, dict) for p in payload)
+        ):
+            return payload
+        raise ValueError("the body must be a JSON object or a list of them")
+
+    async def _read_multipart(self, request: web.Request) -> dict[str, Any]:
+        # The GraphQL multipart request specification: "operations", then "map", then files.
+        operations: Any = None
+        file_map: dict[str, list[str]] = {}
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader):
+                raise ValueError("nested multipart is not supported")
+            if part.name == "operations":
+                operations = json.loads(await part.text())
+            elif part.name == "map":
+                file_map = json.loads(await part.text())
+            elif part.name in file_map:
+                upload = UploadedFile(
+                    part.filename, part.headers.get("Content-Type"), bytes(await part.read())
+                )
+                for path in file_map[part.name]:
+                    _set_path(operations, path, upload)
+        if not isinstance(operations, dict):
+            raise ValueError("multipart request without operations")
+        return operations
+
+    async def _execute(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        query = payload.get("query")
+        if not isinstance(query, str):
+            return {"data": None, "errors": [{"message": "query must be a string"}]}
+        variables = payload.get("variables")
+        result: ExecutionResult = await graphql(
+            self._schema,
+            query,
+            variable_values=variables if isinstance(variables, dict) else None,
+            operation_name=payload.get("operationName"),
+            context_value={"state": self},
+        )
+        return result.formatted  # type: ignore[return-value]
+
+
+def _set_path(target: Any, path: str, value: object) -> None:
+    *parents, last = path.split(".")
+    for key in parents:
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+
+
+__all__ = ["ClientRecord", "Counters", "Emulator", "ManualClock", "RecordedRequest"]
