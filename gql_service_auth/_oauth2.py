@@ -26,8 +26,10 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_before_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
+from tenacity.wait import wait_base
 
 from ._constants import (
     DEFAULT_RETRY_ATTEMPTS,
@@ -84,10 +86,10 @@ class RetryPolicy:
         if self.timeout == 0:
             raise ConfigurationError("RetryPolicy.timeout must be more than 0 seconds")
 
-    def backoff(self) -> wait_exponential_jitter:
+    def backoff(self) -> wait_base:
         """The tenacity wait strategy of this policy."""
-        return wait_exponential_jitter(
-            initial=self.wait_initial, max=self.wait_max, jitter=self.wait_jitter
+        return wait_exponential(multiplier=self.wait_initial, max=self.wait_max) + wait_random(
+            0, self.wait_jitter
         )
 
 

@@ -145,6 +145,16 @@ def _json_bytes(value: object) -> bytes:
     return json.dumps(value).encode()
 
 
+def _encode(body: bytes | str | Mapping[str, Any] | list[Any] | None) -> bytes:
+    if body is None:
+        return b""
+    if isinstance(body, str):
+        return body.encode()
+    if isinstance(body, bytes):
+        return body
+    return _json_bytes(body if isinstance(body, list) else dict(body))
+
+
 class Emulator:
     """The service on 127.0.0.1: GraphQL API, token endpoint, and knobs to make them fail.
 
@@ -171,6 +181,8 @@ class Emulator:
         unauthenticated_body: Whether those answers carry the GraphQL body; ``False`` with
             status 401 gives a bare 401.
         refuse_all_tokens: Refuse every access token, even fresh ones.
+        advertised_ttl: Seconds sent as ``expires_in`` when it should differ from
+            ``token_ttl`` (a server that lies); ``None`` sends ``token_ttl``.
         counters: Request counters.
         requests: The last 10,000 requests received.
     """
@@ -202,6 +214,7 @@ class Emulator:
         self.unauthenticated_status = 200
         self.unauthenticated_body = True
         self.refuse_all_tokens = False
+        self.advertised_ttl: float | None = None
         self.counters = Counters()
         self.requests: deque[RecordedRequest] = deque(maxlen=10_000)
         self.carriers = _schema.seed_carriers(carriers)
@@ -209,6 +222,7 @@ class Emulator:
         self._schema = _schema.build()
         self._tokens: dict[str, _Issued] = {}
         self._faults: deque[_Fault] = deque()
+        self._graphql_faults: deque[_Fault] = deque()
         self._runner: web.AppRunner | None = None
 
     def __repr__(self) -> str:
@@ -279,22 +293,32 @@ class Emulator:
             headers: Extra response headers (``Location`` for a redirect...).
             retry_after: Seconds to send as ``Retry-After``.
         """
-        if body is None:
-            body = (
-                {
-                    "error": "temporarily_unavailable" if status >= 500 else "invalid_request",
-                    "error_description": "fault injected by the emulator",
-                }
-                if status >= 400
-                else b""
-            )
-        if isinstance(body, str):
-            body = body.encode()
-        raw = body if isinstance(body, bytes) else _json_bytes(dict(body))
+        if body is None and status >= 400:
+            body = {
+                "error": "temporarily_unavailable" if status >= 500 else "invalid_request",
+                "error_description": "fault injected by the emulator",
+            }
         fault_headers = dict(headers or {})
         if retry_after is not None:
             fault_headers["Retry-After"] = f"{retry_after:g}"
-        self._faults.extend(_Fault(status, raw, fault_headers) for _ in range(count))
+        fault = _Fault(status, _encode(body), fault_headers)
+        self._faults.extend([fault] * count)
+
+    def fail_graphql_requests(
+        self,
+        count: int,
+        status: int = 200,
+        *,
+        body: bytes | str | Mapping[str, Any] | list[Any] | None = None,
+    ) -> None:
+        """Answer the next ``count`` GraphQL requests with ``body``, whatever they ask.
+
+        For answers the contract does not describe: malformed ``errors``, partial data
+        next to an ``UNAUTHENTICATED`` error, a body that is not JSON.
+        """
+        headers = {"Content-Type": "application/json"} if not isinstance(body, bytes) else {}
+        fault = _Fault(status, _encode(body), headers)
+        self._graphql_faults.extend([fault] * count)
 
     def revoke_tokens(self) -> None:
         """Revoke every token issued so far; clients still think them valid."""
@@ -447,7 +471,8 @@ class Emulator:
         self._tokens[token] = _Issued(client.client_id, self._clock() + self.token_ttl)
         self.counters.tokens_issued += 1
         body: dict[str, Any] = {"access_token": token, "token_type": BEARER_SCHEME}
-        ttl = int(self.token_ttl) if float(self.token_ttl).is_integer() else self.token_ttl
+        advertised = self.token_ttl if self.advertised_ttl is None else self.advertised_ttl
+        ttl = int(advertised) if float(advertised).is_integer() else advertised
         if self.expires_in_format == "number":
             body["expires_in"] = ttl
         elif self.expires_in_format == "string":
@@ -477,6 +502,9 @@ class Emulator:
         self.requests.append(RecordedRequest(GRAPHQL_PATH, request.headers.copy()))
         if self.graphql_latency:
             await asyncio.sleep(self.graphql_latency)
+        if self._graphql_faults:
+            fault = self._graphql_faults.popleft()
+            return web.Response(status=fault.status, body=fault.body, headers=fault.headers)
         try:
             payload = await self._read_payload(request)
         except ValueError as exc:

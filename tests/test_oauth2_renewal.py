@@ -1,0 +1,240 @@
+"""OAuth2Transport: renewal after UNAUTHENTICATED, and what is never sent twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from gql import Client, GraphQLRequest
+from gql.transport.exceptions import TransportQueryError
+from support import COUNT, RENAME, UNAUTHENTICATED_ERROR, upload, wait_until
+
+from gql_service_auth import AuthEvent, OAuth2Transport, UnauthenticatedError
+from gql_service_auth.emulator import Emulator, ManualClock
+
+
+async def test_revoked_token_is_renewed_and_the_query_retried(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], events: list[AuthEvent]
+) -> None:
+    """A token revoked while it looks valid is renewed once and the query succeeds."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.revoke_tokens()
+        result = await session.execute(COUNT)
+    assert result["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.graphql_requests == 3
+    names = [e.name for e in events]
+    assert names.count("token_rejected") == 1
+    assert names.count("request_retry_scheduled") == 1
+    assert [e.reason for e in events if e.name == "token_fetched"] == ["initial", "rejected"]
+
+
+@pytest.mark.parametrize(("status", "body"), [(200, True), (401, True), (401, False)])
+async def test_refusal_is_recognised_whatever_the_status(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    status: int,
+    body: bool,
+) -> None:
+    """UNAUTHENTICATED with status 200 or 401, or a bare 401, all lead to one renewal."""
+    emulator.unauthenticated_status = status
+    emulator.unauthenticated_body = body
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.revoke_tokens()
+        await session.execute(COUNT)
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.unauthenticated_responses == 1
+
+
+@pytest.mark.parametrize("max_renewals", [0, 1, 3])
+async def test_a_server_that_refuses_every_token_ends_in_bounded_requests(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], max_renewals: int
+) -> None:
+    """When every token is refused, the caller gets the service's errors after N+1 sends."""
+    emulator.refuse_all_tokens = True
+    async with Client(transport=make_oauth2(max_renewals=max_renewals)) as session:
+        with pytest.raises(UnauthenticatedError) as caught:
+            await session.execute(COUNT)
+    assert isinstance(caught.value, TransportQueryError)
+    assert caught.value.errors is not None
+    assert caught.value.errors[0]["extensions"]["code"] == "UNAUTHENTICATED"
+    assert "token_url" in str(caught.value)
+    assert emulator.counters.graphql_requests == max_renewals + 1
+    assert emulator.counters.token_requests == max_renewals + 1
+
+
+async def test_many_requests_failing_with_one_token_cause_one_renewal(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """50 in-flight requests refused with the same old token share a single renewal."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.revoke_tokens()
+        emulator.token_latency = 0.05
+        results = await asyncio.gather(*(session.execute(COUNT) for _ in range(50)))
+    assert len(results) == 50
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.unauthenticated_responses == 50
+
+
+async def test_a_late_refusal_of_an_old_token_reuses_the_newer_one(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+) -> None:
+    """A request refused with token 1 after token 2 exists retries with token 2, renewing nothing."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.graphql_latency = 0.2
+        slow = asyncio.ensure_future(session.execute(COUNT))  # sent with token 1
+        await wait_until(lambda: emulator.counters.graphql_requests == 2)
+        clock.advance(emulator.token_ttl + 1)  # token 1 expires on both sides
+        await session.execute(COUNT)  # fetches token 2
+        await slow
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.unauthenticated_responses == 1
+    assert not any(e.name == "token_rejected" for e in events)
+
+
+@pytest.mark.parametrize(
+    "errors",
+    [
+        "not a list",
+        ["a string"],
+        [{"message": "no extensions"}],
+        [{"extensions": "not an object"}],
+        [{"extensions": {"code": 42}}],
+        {"extensions": {"code": "UNAUTHENTICATED"}},
+        [None, 3, [UNAUTHENTICATED_ERROR]],
+    ],
+)
+async def test_malformed_errors_are_not_mistaken_for_a_refusal(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], errors: object
+) -> None:
+    """Odd ``errors`` shapes reach the caller as gql errors; no crash, no renewal."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.fail_graphql_requests(1, body={"data": None, "errors": errors})
+        with pytest.raises(TransportQueryError) as caught:
+            await session.execute(COUNT)
+    assert not isinstance(caught.value, UnauthenticatedError)
+    assert emulator.counters.token_requests == 1
+
+
+async def test_refusal_among_several_errors_is_found(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """UNAUTHENTICATED anywhere in the errors array triggers the renewal."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        errors = [{"message": "other", "extensions": {"code": "X"}}, UNAUTHENTICATED_ERROR]
+        emulator.fail_graphql_requests(1, body={"data": None, "errors": errors})
+        await session.execute(COUNT)
+    assert emulator.counters.token_requests == 2
+
+
+async def test_refused_mutation_is_resent_and_runs_once(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A mutation refused before it ran (no data) is sent again and runs exactly once."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.revoke_tokens()
+        result = await session.execute(RENAME)
+    assert result["renameCarrier"]["name"] == "Renamed"
+    assert emulator.counters.mutations_run == 1
+
+
+async def test_refusal_with_data_is_not_resent(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """An answer carrying data next to UNAUTHENTICATED may have run something: no re-send."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.fail_graphql_requests(
+            1, body={"data": {"renameCarrier": None}, "errors": [UNAUTHENTICATED_ERROR]}
+        )
+        with pytest.raises(UnauthenticatedError, match="may have run") as caught:
+            await session.execute(RENAME)
+        assert caught.value.data == {"renameCarrier": None}
+        assert emulator.counters.graphql_requests == 2
+        await session.execute(COUNT)  # the refused token was dropped: a new one is fetched
+    assert emulator.counters.token_requests == 2
+
+
+async def test_upload_renews_a_token_that_would_expire_soon(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Before an upload, a token with less than refresh_margin left is renewed first."""
+    emulator.token_ttl = 100  # ordinary renewal at 50 s; an upload wants 60 s left
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        clock.advance(45)
+        await session.execute(COUNT)
+        assert emulator.counters.token_requests == 1
+        result = await session.execute(upload(b"hello"), upload_files=True)
+    assert result["uploadDocument"]["size"] == 5
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.unauthenticated_responses == 0
+
+
+async def test_refused_upload_is_not_resent(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """An upload refused with a revoked token raises instead of re-sending a consumed stream."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.revoke_tokens()
+        with pytest.raises(UnauthenticatedError, match="not sent again"):
+            await session.execute(upload(b"hello"), upload_files=True)
+        assert emulator.counters.graphql_requests == 2
+        result = await session.execute(upload(b"again"), upload_files=True)
+    assert result["uploadDocument"]["size"] == 5
+    assert emulator.counters.mutations_run == 1
+
+
+async def test_refused_batch_is_resent_once(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A batch refused as a whole is renewed and sent again, each operation running once."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.revoke_tokens()
+        results = await session.execute_batch([GraphQLRequest(RENAME), GraphQLRequest(COUNT)])
+    assert results[1]["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.mutations_run == 1
+
+
+async def test_partly_refused_batch_is_not_resent(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A batch where one answer carries data is not sent again."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.fail_graphql_requests(
+            1,
+            body=[
+                {"data": {"carriers": {"totalCount": 25}}},
+                {"data": None, "errors": [UNAUTHENTICATED_ERROR]},
+            ],
+        )
+        with pytest.raises(UnauthenticatedError):
+            await session.execute_batch([GraphQLRequest(COUNT), GraphQLRequest(COUNT)])
+    assert emulator.counters.graphql_requests == 2
+
+
+async def test_refused_batch_exhausts_into_service_errors(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A batch refused every time ends with the service's errors, after bounded sends."""
+    emulator.refuse_all_tokens = True
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(UnauthenticatedError) as caught:
+            await session.execute_batch([GraphQLRequest(COUNT), GraphQLRequest(COUNT)])
+    assert caught.value.errors is not None
+    assert emulator.counters.graphql_requests == 2
