@@ -86,7 +86,7 @@ async def test_a_late_refusal_of_an_old_token_reuses_the_newer_one(
     make_oauth2: Callable[..., OAuth2Transport],
     events: list[AuthEvent],
 ) -> None:
-    """A request refused with token 1 after token 2 exists retries with token 2, renewing nothing."""
+    """Refused with token 1 after token 2 exists, a request retries with 2 and renews nothing."""
     async with Client(transport=make_oauth2()) as session:
         await session.execute(COUNT)
         emulator.graphql_latency = 0.2
