@@ -215,9 +215,12 @@ class _AuthenticatingTransport(AIOHTTPTransport):
         try:
             return await send(extra_args=_with_authorization(extra_args, authorization), **kwargs)
         except TransportServerError as exc:
+            # Scrub first: an exception raised below keeps exc as its __context__ even
+            # "from None", and a debugger or crash reporter walking the chain would find it.
+            _scrubbed(exc)
             if exc.code == 401:
                 raise _BareUnauthorized from None
-            raise _scrubbed(exc) from None
+            raise
 
 
 class ApiKeyTransport(_AuthenticatingTransport):

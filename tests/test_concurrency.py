@@ -1,0 +1,147 @@
+"""Cancellation, event loops and threads around one transport's token cache."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+from gql import Client
+from support import COUNT, wait_until
+
+from gql_service_auth import OAuth2Transport
+from gql_service_auth._tokens import TokenManager, TokenResponse
+from gql_service_auth.emulator import Emulator, ManualClock
+
+
+async def test_cancelling_the_caller_that_started_the_fetch_spares_the_others(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """The first caller is cancelled mid-fetch; the other callers still get the one token."""
+    emulator.token_latency = 0.2
+    async with Client(transport=make_oauth2()) as session:
+        starter = asyncio.ensure_future(session.execute(COUNT))
+        await wait_until(lambda: emulator.counters.token_requests == 1)
+        others = [asyncio.ensure_future(session.execute(COUNT)) for _ in range(20)]
+        await asyncio.sleep(0)
+        starter.cancel()
+        results = await asyncio.gather(*others)
+        assert starter.cancelled()
+    assert len(results) == 20
+    assert emulator.counters.token_requests == 1
+
+
+async def test_cancelling_a_waiter_spares_the_fetch(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A waiting caller is cancelled; the fetch completes and serves the starter."""
+    emulator.token_latency = 0.2
+    async with Client(transport=make_oauth2()) as session:
+        starter = asyncio.ensure_future(session.execute(COUNT))
+        await wait_until(lambda: emulator.counters.token_requests == 1)
+        waiter = asyncio.ensure_future(session.execute(COUNT))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        result = await starter
+    assert result["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 1
+
+
+async def test_a_cancelled_fetch_is_replaced_by_the_next_caller(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """When the only caller is cancelled, the next call fetches anew and does not fail."""
+    emulator.token_latency = 0.1
+    async with Client(transport=make_oauth2()) as session:
+        lonely = asyncio.ensure_future(session.execute(COUNT))
+        await wait_until(lambda: emulator.counters.token_requests == 1)
+        lonely.cancel()
+        result = await session.execute(COUNT)
+    assert result["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests <= 2
+
+
+def test_sync_execute_from_two_threads_shares_the_token(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Threads with their own event loops reuse one cached token, and renew it once."""
+    transport = make_oauth2()
+    errors: list[BaseException] = []
+
+    def run_in_thread() -> None:
+        def target() -> None:
+            # gql's sync execute runs on the thread's event loop, creating one if needed but
+            # never closing it; a well-behaved worker thread owns and closes its loop.
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                Client(transport=transport).execute(COUNT)
+            except BaseException as exc:  # surfaced by the assertion below
+                errors.append(exc)
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join(10)
+
+    run_in_thread()
+    run_in_thread()
+    assert emulator.counters.token_requests == 1
+    clock.advance(emulator.token_ttl)
+    run_in_thread()
+    run_in_thread()
+    assert errors == []
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.graphql_requests == 4
+
+
+async def test_callers_on_two_loops_share_one_fetch() -> None:
+    """A fetch started on one loop serves a caller on another loop in another thread."""
+    release = threading.Event()
+    calls = 0
+
+    async def fetch() -> TokenResponse:
+        nonlocal calls
+        calls += 1
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 5)
+        return TokenResponse("token-value", expires_in=3600)
+
+    manager = TokenManager(fetch, refresh_margin=60, default_expires_in=300, fetch_timeout=5)
+    first = asyncio.ensure_future(manager.get())
+    await asyncio.sleep(0.01)  # the fetch is now in flight on this loop
+    other: list[str] = []
+    thread = threading.Thread(target=lambda: other.append(asyncio.run(manager.get()).value))
+    thread.start()
+    await asyncio.sleep(0.01)
+    release.set()
+    token = await first
+    await asyncio.get_running_loop().run_in_executor(None, thread.join, 5)
+    assert other == [token.value]
+    assert calls == 1
+
+
+def test_a_fetch_stuck_on_a_stopped_loop_is_taken_over() -> None:
+    """If the loop running a fetch stops, a caller elsewhere starts its own after the bound."""
+    calls = 0
+
+    async def fetch() -> TokenResponse:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.05)
+        return TokenResponse(f"token-{calls}", expires_in=3600)
+
+    manager = TokenManager(fetch, refresh_margin=60, default_expires_in=300, fetch_timeout=0.2)
+    stopped = asyncio.new_event_loop()
+    try:
+        # Start a fetch, then stop the loop before it can finish: it stays pending forever.
+        task = stopped.create_task(manager.get())
+        stopped.run_until_complete(asyncio.sleep(0.01))
+        token = asyncio.run(manager.get())
+        assert token.value == "token-2"
+        assert calls == 2
+        task.cancel()
+        stopped.run_until_complete(asyncio.gather(task, return_exceptions=True))
+    finally:
+        stopped.close()

@@ -1,0 +1,225 @@
+"""Building transports: from the environment, and refusing bad or unsafe settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from gql import Client
+from support import COUNT
+
+from gql_service_auth import (
+    ApiKeyTransport,
+    ConfigurationError,
+    OAuth2Transport,
+    RetryPolicy,
+)
+from gql_service_auth.emulator import Emulator
+
+SECRET = "s3cr3t-value"
+
+
+async def test_oauth2_from_env(emulator: Emulator) -> None:
+    """OAuth2Transport.from_env reads the four SERVICE_* variables and works."""
+    environ = emulator.environ(emulator.legacy_client)
+    transport = OAuth2Transport.from_env(environ)
+    assert transport.url == emulator.graphql_url
+    assert transport.token_url == emulator.token_url
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+    assert emulator.counters.token_requests == 1
+
+
+async def test_api_key_from_env(emulator: Emulator) -> None:
+    """ApiKeyTransport.from_env needs no SERVICE_AUTH_URL."""
+    environ = emulator.environ()
+    del environ["SERVICE_AUTH_URL"]
+    async with Client(transport=ApiKeyTransport.from_env(environ)) as session:
+        await session.execute(COUNT)
+
+
+def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an environ argument, the process environment is read."""
+    monkeypatch.setenv("SERVICE_BASE_URL", "https://api.example.com/")
+    monkeypatch.setenv("SERVICE_CLIENT_ID", "id")
+    monkeypatch.setenv("SERVICE_CLIENT_SECRET", SECRET)
+    assert ApiKeyTransport.from_env().url == "https://api.example.com/graphql"
+
+
+def test_from_env_passes_keywords_through() -> None:
+    """Keywords given to from_env reach the constructor."""
+    environ = {
+        "SERVICE_BASE_URL": "https://api.example.com",
+        "SERVICE_AUTH_URL": "https://auth.example.com",
+        "SERVICE_CLIENT_ID": "id",
+        "SERVICE_CLIENT_SECRET": SECRET,
+    }
+    transport = OAuth2Transport.from_env(environ, headers={"X-Team": "a"}, max_renewals=2)
+    assert transport.headers == {"X-Team": "a"}
+    assert transport.token_url == "https://auth.example.com/oauth2/token"
+
+
+@pytest.mark.parametrize(
+    "missing",
+    ["SERVICE_BASE_URL", "SERVICE_AUTH_URL", "SERVICE_CLIENT_ID", "SERVICE_CLIENT_SECRET"],
+)
+@pytest.mark.parametrize("value", [None, "", "   "])
+def test_missing_variable_is_named(missing: str, value: str | None) -> None:
+    """A missing or empty variable raises ConfigurationError naming it."""
+    environ = {
+        "SERVICE_BASE_URL": "https://api.example.com",
+        "SERVICE_AUTH_URL": "https://auth.example.com",
+        "SERVICE_CLIENT_ID": "id",
+        "SERVICE_CLIENT_SECRET": SECRET,
+    }
+    if value is None:
+        del environ[missing]
+    else:
+        environ[missing] = value
+    with pytest.raises(ConfigurationError, match=missing):
+        OAuth2Transport.from_env(environ)
+
+
+def test_constructor_never_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Explicit arguments win; SERVICE_* variables are ignored by __init__."""
+    monkeypatch.setenv("SERVICE_CLIENT_ID", "from-env")
+    transport = ApiKeyTransport(
+        "https://api.example.com/graphql", client_id="a", client_secret=SECRET
+    )
+    assert "from-env" not in repr(transport._credentials)
+
+
+@pytest.mark.parametrize("field", ["url", "token_url"])
+def test_plain_http_to_a_remote_host_is_refused(field: str) -> None:
+    """Credentials over http:// to a non-loopback host need an explicit opt-in."""
+    urls = {"url": "https://api.example.com/graphql", "token_url": "https://a.example.com/t"}
+    urls[field] = urls[field].replace("https://", "http://")
+    with pytest.raises(ConfigurationError, match="allow_insecure_http=True"):
+        OAuth2Transport(urls.pop("url"), client_id="id", client_secret=SECRET, **urls)
+    OAuth2Transport(
+        urls.pop("url", "http://api.example.com/graphql"),
+        token_url=urls.get("token_url", "http://a.example.com/t"),
+        client_id="id",
+        client_secret=SECRET,
+        allow_insecure_http=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9/graphql",
+        "http://127.8.9.1/graphql",
+        "http://localhost/graphql",
+        "http://[::1]:80/graphql",
+    ],
+)
+def test_plain_http_to_loopback_is_allowed(url: str) -> None:
+    """Loopback addresses need no opt-in: nothing leaves the machine."""
+    ApiKeyTransport(url, client_id="id", client_secret=SECRET)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://api.example.com/graphql", "api.example.com/graphql", "https://u:p@api.example.com/"],
+)
+def test_malformed_urls_are_refused(url: str) -> None:
+    """Only http(s) URLs without embedded credentials are accepted."""
+    with pytest.raises(ConfigurationError):
+        ApiKeyTransport(url, client_id="id", client_secret=SECRET)
+
+
+def test_auth_keyword_is_refused() -> None:
+    """auth= cannot be combined with the transport's own Authorization header."""
+    with pytest.raises(ConfigurationError, match="auth="):
+        ApiKeyTransport(
+            "https://api.example.com/graphql",
+            client_id="id",
+            client_secret=SECRET,
+            auth=("user", "password"),  # type: ignore[call-arg]
+        )
+
+
+def test_authorization_in_headers_is_refused() -> None:
+    """A default Authorization header would fight the transport's own."""
+    with pytest.raises(ConfigurationError, match="Authorization"):
+        OAuth2Transport(
+            "https://api.example.com/graphql",
+            token_url="https://auth.example.com/oauth2/token",
+            client_id="id",
+            client_secret=SECRET,
+            headers={"authorization": "Bearer x"},
+        )
+
+
+@pytest.mark.parametrize(
+    ("client_id", "client_secret", "match"),
+    [
+        ("", SECRET, "client_id is empty"),
+        ("id", "", "client_secret is empty"),
+        ("a:b", SECRET, "must not contain ':'"),
+        ("id", SECRET + "\n", "client_secret has surrounding whitespace"),
+        ("id", 42, "client_secret must be a str"),
+    ],
+)
+def test_bad_credentials_are_refused_without_echoing_them(
+    client_id: Any, client_secret: Any, match: str
+) -> None:
+    """Malformed credentials raise ConfigurationError whose message holds no secret."""
+    with pytest.raises(ConfigurationError, match=match) as caught:
+        ApiKeyTransport(
+            "https://api.example.com/graphql", client_id=client_id, client_secret=client_secret
+        )
+    assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"),
+    [
+        ("refresh_margin", -1),
+        ("refresh_margin", float("nan")),
+        ("default_expires_in", 0),
+        ("default_expires_in", True),
+        ("max_renewals", -1),
+        ("max_renewals", 1.5),
+        ("token_auth_method", "private_key_jwt"),
+        ("token_params", {"client_secret": "x"}),
+    ],
+)
+def test_bad_oauth2_settings_are_refused(keyword: str, value: object) -> None:
+    """Out-of-range settings raise ConfigurationError naming the setting."""
+    with pytest.raises(ConfigurationError):
+        OAuth2Transport(
+            "https://api.example.com/graphql",
+            token_url="https://auth.example.com/oauth2/token",
+            client_id="id",
+            client_secret=SECRET,
+            **{keyword: value},
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"attempts": 0}, {"timeout": 0}, {"wait_max": -1}, {"wait_jitter": float("inf")}],
+)
+def test_bad_retry_policy_is_refused(kwargs: dict[str, Any]) -> None:
+    """RetryPolicy bounds must be finite and positive."""
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(**kwargs)
+
+
+def test_reprs_show_no_secret() -> None:
+    """Transports and their parts print without the secret, attribute by attribute too."""
+    oauth2 = OAuth2Transport(
+        "https://api.example.com/graphql",
+        token_url="https://auth.example.com/oauth2/token",
+        client_id="id",
+        client_secret=SECRET,
+    )
+    api_key = ApiKeyTransport(
+        "https://api.example.com/graphql", client_id="id", client_secret=SECRET
+    )
+    # As a debugger or a crash reporter would show them.
+    texts = [repr(oauth2), str(oauth2), repr(api_key), str(api_key)]
+    texts += [repr(vars(oauth2)), repr(vars(oauth2._tokens)), repr(vars(api_key))]
+    assert all(SECRET not in text for text in texts)
