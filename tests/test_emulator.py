@@ -1,0 +1,181 @@
+"""The emulator keeps the service contract, seen over raw HTTP."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
+
+QUERY = {"query": "query { carriers(first: 2) { edges { node { id name } } } }"}
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain aiohttp session."""
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def _token(http: aiohttp.ClientSession, emulator: Emulator, **form: str) -> tuple[int, dict]:
+    async with http.post(emulator.token_url, data=form) as response:
+        return response.status, await response.json()
+
+
+async def _query(http: aiohttp.ClientSession, emulator: Emulator, authorization: str) -> dict:
+    headers = {"Authorization": authorization}
+    async with http.post(emulator.graphql_url, json=QUERY, headers=headers) as response:
+        return await response.json()
+
+
+def _grant(client: ClientRecord) -> dict[str, str]:
+    return {
+        "grant_type": "client_credentials",
+        "client_id": client.client_id,
+        "client_secret": client.client_secret,
+    }
+
+
+async def test_issues_expiring_bearer_tokens(
+    emulator: Emulator, clock: ManualClock, http: aiohttp.ClientSession
+) -> None:
+    """A token is accepted until its TTL passes, then refused with UNAUTHENTICATED."""
+    status, body = await _token(http, emulator, **_grant(emulator.recent_client))
+    assert status == 200
+    assert body["token_type"] == "Bearer"
+    assert body["expires_in"] == 3600
+    bearer = f"Bearer {body['access_token']}"
+    assert len((await _query(http, emulator, bearer))["data"]["carriers"]["edges"]) == 2
+    clock.advance(3600)
+    refused = await _query(http, emulator, bearer)
+    assert refused["data"] is None
+    assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+
+async def test_legacy_client_gets_tokens_but_no_api_key(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """A client registered before 2024-05-13 works with OAuth2 only."""
+    legacy = emulator.legacy_client
+    status, body = await _token(http, emulator, **_grant(legacy))
+    assert status == 200
+    ok = await _query(http, emulator, f"Bearer {body['access_token']}")
+    assert "errors" not in ok
+    key = f"SERVICE-API-KEY {legacy.client_id}:{legacy.client_secret}"
+    refused = await _query(http, emulator, key)
+    assert "2024-05-13" in refused["errors"][0]["message"]
+
+
+async def test_missing_or_unknown_authorization_is_refused(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """No header, an unknown scheme or an unknown token: all UNAUTHENTICATED."""
+    for value in ("", "Token abc", "Bearer never-issued"):
+        body = await _query(http, emulator, value)
+        assert body["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+
+@pytest.mark.parametrize(
+    ("form", "status", "error"),
+    [
+        ({"grant_type": "password"}, 400, "unsupported_grant_type"),
+        (
+            {"grant_type": "client_credentials", "client_id": "nobody", "client_secret": "x"},
+            401,
+            "invalid_client",
+        ),
+        ({"grant_type": "client_credentials"}, 401, "invalid_client"),
+    ],
+)
+async def test_token_endpoint_errors_follow_rfc_6749(
+    emulator: Emulator, http: aiohttp.ClientSession, form: dict[str, str], status: int, error: str
+) -> None:
+    """Bad token requests get RFC 6749 section 5.2 error objects."""
+    got_status, body = await _token(http, emulator, **form)
+    assert (got_status, body["error"]) == (status, error)
+    assert "error_description" in body
+
+
+async def test_token_endpoint_wants_a_form(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """A JSON token request is invalid_request."""
+    async with http.post(emulator.token_url, json=_grant(emulator.recent_client)) as response:
+        assert response.status == 400
+        assert (await response.json())["error"] == "invalid_request"
+
+
+async def test_basic_client_authentication(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """HTTP Basic client authentication works; combined with form secrets it is refused."""
+    client = emulator.recent_client
+    basic = base64.b64encode(f"{client.client_id}:{client.client_secret}".encode()).decode()
+    headers = {"Authorization": f"Basic {basic}"}
+    form = {"grant_type": "client_credentials"}
+    async with http.post(emulator.token_url, data=form, headers=headers) as response:
+        assert response.status == 200
+    both = {**form, "client_secret": client.client_secret}
+    async with http.post(emulator.token_url, data=both, headers=headers) as response:
+        assert (await response.json())["error"] == "invalid_request"
+    bad = {"Authorization": "Basic not-base64!"}
+    async with http.post(emulator.token_url, data=form, headers=bad) as response:
+        assert response.status == 401
+
+
+async def test_scopes_are_checked(http: aiohttp.ClientSession) -> None:
+    """A client limited to some scopes gets invalid_scope for others."""
+    client = ClientRecord("scoped", "secret", scopes=frozenset({"read"}))
+    with Emulator(clients=[client]).run_in_thread() as emulator:
+        status, body = await _token(http, emulator, **_grant(client), scope="read")
+        assert (status, body["scope"]) == (200, "read")
+        status, body = await _token(http, emulator, **_grant(client), scope="read write")
+        assert (status, body["error"]) == (400, "invalid_scope")
+
+
+async def test_bad_graphql_bodies_are_reported(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """A body that is not a GraphQL request gets a 400 with an errors member."""
+    for body in (b"not json", b"[]", b"42", b'{"query": 1}'):
+        async with http.post(
+            emulator.graphql_url, data=body, headers={"Content-Type": "application/json"}
+        ) as response:
+            assert "errors" in await response.json()
+
+
+async def test_cursor_and_page_bounds(emulator: Emulator, http: aiohttp.ClientSession) -> None:
+    """Bad cursors and page sizes are GraphQL errors, not crashes."""
+    client = emulator.recent_client
+    key = {"Authorization": f"SERVICE-API-KEY {client.client_id}:{client.client_secret}"}
+    for query in (
+        'query { carriers(after: "bm9wZToz") { totalCount } }',
+        'query { carriers(after: "???") { totalCount } }',
+        "query { carriers(first: 1000) { totalCount } }",
+        'mutation { renameCarrier(id: "nope", name: "x") { id } }',
+    ):
+        async with http.post(emulator.graphql_url, json={"query": query}, headers=key) as response:
+            assert (await response.json())["errors"]
+    assert emulator.counters.mutations_run == 0
+
+
+async def test_async_context_manager_and_reprs() -> None:
+    """Emulator.running() serves in the current loop; reprs hide secrets."""
+    async with Emulator.running(token_ttl=5) as emulator:
+        assert emulator.base_url.startswith("http://127.0.0.1:")
+        assert emulator.recent_client.client_secret not in repr(emulator.recent_client)
+        assert "127.0.0.1" in repr(emulator)
+    assert repr(emulator) == "<Emulator not started>"
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = emulator.base_url
+
+
+def test_port_in_use_is_reported() -> None:
+    """Starting on a taken port raises at once instead of hanging."""
+    with Emulator().run_in_thread() as first:
+        taken = Emulator(port=first.port)
+        with pytest.raises(OSError, match="address already in use"), taken.run_in_thread():
+            pass  # pragma: no cover

@@ -1,0 +1,79 @@
+"""Code that uses the public API as a user would: checked by mypy --strict, never run."""
+
+from __future__ import annotations
+
+import os
+
+from gql import Client, gql
+
+from gql_service_auth import (
+    AccessToken,
+    ApiKeyRejectedError,
+    ApiKeyTransport,
+    AuthEvent,
+    ConfigurationError,
+    GqlServiceAuthError,
+    OAuth2Transport,
+    RetryPolicy,
+    TokenRequestError,
+    UnauthenticatedError,
+)
+from gql_service_auth.emulator import Emulator, ManualClock
+
+renewals: list[AuthEvent] = []
+
+
+def count(event: AuthEvent) -> None:
+    if event.name == "token_fetched" and event.reason != "initial":
+        renewals.append(event)
+
+
+oauth2 = OAuth2Transport(
+    "https://api.example.com/graphql",
+    token_url="https://auth.example.com/oauth2/token",
+    client_id="id",
+    client_secret="secret",
+    scope=["read", "write"],
+    token_params={"audience": "api"},
+    token_auth_method="client_secret_basic",
+    refresh_margin=30.0,
+    default_expires_in=600,
+    max_renewals=2,
+    retry=RetryPolicy(attempts=5, timeout=20.0),
+    on_event=count,
+    clock=ManualClock(),
+    headers={"X-Team": "billing"},
+    timeout=30,
+)
+api_key: ApiKeyTransport = ApiKeyTransport.from_env(os.environ, ssl=False)
+from_env: OAuth2Transport = OAuth2Transport.from_env({}, max_renewals=0)
+token: AccessToken | None = oauth2.token
+expires_at: float | None = token.expires_at if token is not None else None
+client = Client(transport=oauth2, fetch_schema_from_transport=True)
+
+
+async def main() -> None:
+    async with Emulator(token_ttl=5) as emulator:
+        transport = OAuth2Transport(
+            emulator.graphql_url,
+            token_url=emulator.token_url,
+            client_id=emulator.recent_client.client_id,
+            client_secret=emulator.recent_client.client_secret,
+        )
+        try:
+            async with Client(transport=transport) as session:
+                await session.execute(gql("query { carriers(first: 1) { totalCount } }"))
+        except ApiKeyRejectedError as exc:
+            errors: list[object] | None = exc.errors
+            print(errors)
+        except UnauthenticatedError:
+            pass
+        except TokenRequestError as exc:
+            status: int | None = exc.status
+            retryable: bool = exc.retryable
+            print(status, retryable, exc.error, exc.error_description)
+        except (ConfigurationError, GqlServiceAuthError):
+            pass
+        emulator.fail_token_requests(2, 503, retry_after=1)
+        emulator.revoke_tokens()
+        print(emulator.counters.token_requests)
