@@ -147,8 +147,14 @@ class AiohttpFormPoster:
                     allow_redirects=False,
                 ) as response,
             ):
-                body = await response.content.read(MAX_TOKEN_RESPONSE_BYTES + 1)
-                return FormAnswer(response.status, CIMultiDict(response.headers), body)
+                # read(n) returns what has arrived so far, which may be a fraction of a
+                # small body: read to the end, stopping once past the cap.
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(16 * 1024):
+                    body += chunk
+                    if len(body) > MAX_TOKEN_RESPONSE_BYTES:
+                        break
+                return FormAnswer(response.status, CIMultiDict(response.headers), bytes(body))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             # aiohttp's messages name the host and port, never the request's body or headers.
             detail = str(exc) or "timed out"

@@ -176,6 +176,8 @@ class Emulator:
         expires_in_format: How ``expires_in`` is sent: ``"number"``, ``"string"`` or
             ``"omitted"``.
         token_latency: Seconds the token endpoint waits before answering.
+        token_body_delay: Seconds between the two halves of a token answer's body, sent
+            as separate chunks, as a slow network delivers them; 0 sends it at once.
         graphql_latency: Seconds the GraphQL endpoint waits before answering.
         unauthenticated_status: HTTP status of ``UNAUTHENTICATED`` answers (200 by default).
         unauthenticated_body: Whether those answers carry the GraphQL body; ``False`` with
@@ -210,6 +212,7 @@ class Emulator:
         self.token_ttl = token_ttl
         self.expires_in_format: Literal["number", "string", "omitted"] = "number"
         self.token_latency = 0.0
+        self.token_body_delay = 0.0
         self.graphql_latency = 0.0
         self.unauthenticated_status = 200
         self.unauthenticated_body = True
@@ -410,7 +413,7 @@ class Emulator:
 
     # -- token endpoint --------------------------------------------------------------
 
-    async def _token(self, request: web.Request) -> web.Response:
+    async def _token(self, request: web.Request) -> web.StreamResponse:
         self.counters.token_requests += 1
         if self.token_latency:
             await asyncio.sleep(self.token_latency)
@@ -442,7 +445,24 @@ class Emulator:
         scope = form.get("scope")
         if scope and client.scopes is not None and not set(scope.split()) <= client.scopes:
             return self._oauth_error(400, "invalid_scope", "scope not allowed for this client")
-        return self._issue(client, scope)
+        issued = self._issue(client, scope)
+        if self.token_body_delay:
+            return await self._send_in_halves(request, issued)
+        return issued
+
+    async def _send_in_halves(
+        self, request: web.Request, response: web.Response
+    ) -> web.StreamResponse:
+        body = response.body
+        assert isinstance(body, bytes)
+        stream = web.StreamResponse(status=response.status, headers=response.headers)
+        stream.enable_chunked_encoding()
+        await stream.prepare(request)
+        await stream.write(body[: len(body) // 2])
+        await asyncio.sleep(self.token_body_delay)
+        await stream.write(body[len(body) // 2 :])
+        await stream.write_eof()
+        return stream
 
     def _client_auth(
         self, request: web.Request, form: Mapping[str, str]

@@ -1,0 +1,146 @@
+"""Less travelled paths: subscriptions, odd token answers, failing hooks, the demo."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
+from pathlib import Path
+
+import pytest
+from gql import Client, gql
+from gql.transport.exceptions import TransportQueryError, TransportServerError
+from support import COUNT
+
+from gql_service_auth import ApiKeyTransport, AuthEvent, OAuth2Transport, TokenRequestError
+from gql_service_auth._oauth2 import parse_retry_after
+from gql_service_auth.emulator import Emulator
+
+SUBSCRIPTION = gql("subscription { ticks }")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def test_refused_subscription_drops_the_token(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A subscription refused with UNAUTHENTICATED is not re-sent, but the next call renews."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.revoke_tokens()
+        with pytest.raises(TransportQueryError):
+            async for _ in session.subscribe(SUBSCRIPTION):
+                pass  # pragma: no cover
+        assert emulator.counters.token_requests == 1
+        await session.execute(COUNT)
+    assert emulator.counters.token_requests == 2
+
+
+@pytest.mark.parametrize("status", [401, 502])
+async def test_subscription_server_errors_are_scrubbed(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    make_api_key: Callable[..., ApiKeyTransport],
+    status: int,
+) -> None:
+    """A bare error status on a subscription is gql's TransportServerError, chain dropped."""
+    for transport in (make_oauth2(), make_api_key()):
+        async with Client(transport=transport) as session:
+            emulator.fail_graphql_requests(1, status, body=b"")
+            with pytest.raises(TransportServerError) as caught:
+                async for _ in session.subscribe(SUBSCRIPTION):
+                    pass  # pragma: no cover
+        assert caught.value.__cause__ is None
+        assert caught.value.__context__ is None
+
+
+def test_retry_after_forms() -> None:
+    """Retry-After is read as seconds or as an HTTP-date; nonsense is ignored."""
+    later = datetime.now(timezone.utc) + timedelta(seconds=30)
+    assert parse_retry_after(format_datetime(later, usegmt=True)) == pytest.approx(30, abs=2)
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    assert parse_retry_after("2.5") == 2.5
+    assert parse_retry_after("-3") == 0.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after("inf") is None
+    assert parse_retry_after(None) is None
+
+
+async def test_oversized_token_answer_is_refused(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A token endpoint that sends megabytes is stopped after 64 KiB, with a clear error."""
+    emulator.fail_token_requests(1, 200, body=b"x" * (1024 * 1024))
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(TokenRequestError, match="more than"):
+            await session.execute(COUNT)
+
+
+async def test_token_answer_arriving_in_pieces_is_read_whole(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A token body delivered in two chunks with a pause between them is read in full."""
+    emulator.token_body_delay = 0.05
+    async with Client(transport=make_oauth2()) as session:
+        result = await session.execute(COUNT)
+    assert result["carriers"]["totalCount"] == 25
+
+
+async def test_unknown_token_error_codes_still_explain(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """An unknown error code with 403 points at the credentials; a bare 418 at the URL."""
+    emulator.fail_token_requests(1, 403, body={"error": "access_denied"})
+    emulator.fail_token_requests(1, 418, body=b"teapot")
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(TokenRequestError, match="client_secret"):
+            await session.execute(COUNT)
+        with pytest.raises(TokenRequestError, match="token_url") as caught:
+            await session.execute(COUNT)
+    assert caught.value.error is None
+
+
+async def test_a_failing_hook_does_not_break_authentication(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An exception in on_event is logged and the query still succeeds."""
+
+    def broken(event: AuthEvent) -> None:
+        raise RuntimeError("metrics backend down")
+
+    async with Client(transport=make_oauth2(on_event=broken)) as session:
+        result = await session.execute(COUNT)
+    assert result["carriers"]["totalCount"] == 25
+    assert "gql_service_auth.hook_failed" in [r.getMessage() for r in caplog.records]
+
+
+async def test_events_are_logged_under_stable_names(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each event is a log record named gql_service_auth.<event> with structured fields."""
+    caplog.set_level(logging.DEBUG, logger="gql_service_auth")
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+    (record,) = [r for r in caplog.records if r.name == "gql_service_auth"]
+    assert record.getMessage() == "gql_service_auth.token_fetched"
+    assert record.gql_service_auth["reason"] == "initial"  # type: ignore[attr-defined]
+
+
+def test_demo_runs() -> None:
+    """``make demo``'s script runs to the end with no failed query."""
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "demo.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "0 failed, 0 refused tokens" in completed.stdout
+    assert "2024-05-13" in completed.stdout
