@@ -12,7 +12,7 @@ from gql.transport.exceptions import TransportQueryError
 from support import COUNT
 
 from gql_service_auth import AuthEvent, OAuth2Transport, RetryPolicy, TokenRequestError
-from gql_service_auth.emulator import Emulator
+from gql_service_auth.emulator import ClientRecord, Emulator
 
 
 def _token_requests(emulator: Emulator) -> list[dict[str, str]]:
@@ -92,12 +92,7 @@ async def test_invalid_client_fails_at_once(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
     """Wrong credentials give invalid_client after one request, with what to check."""
-    transport = OAuth2Transport(
-        emulator.graphql_url,
-        token_url=emulator.token_url,
-        client_id=emulator.recent_client.client_id,
-        client_secret="wrong-secret",
-    )
+    transport = make_oauth2(ClientRecord(emulator.recent_client.client_id, "wrong-secret"))
     async with Client(transport=transport) as session:
         with pytest.raises(TokenRequestError) as caught:
             await session.execute(COUNT)
@@ -260,15 +255,10 @@ async def test_a_failed_fetch_is_not_remembered(
 
 
 async def test_reconnecting_session_does_not_retry_bad_credentials(
-    emulator: Emulator,
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
     """gql's reconnecting session, which retries most errors 5 times, fails fast here."""
-    transport = OAuth2Transport(
-        emulator.graphql_url,
-        token_url=emulator.token_url,
-        client_id=emulator.recent_client.client_id,
-        client_secret="wrong-secret",
-    )
+    transport = make_oauth2(ClientRecord(emulator.recent_client.client_id, "wrong-secret"))
     client = Client(transport=transport)
     session = await client.connect_async(reconnecting=True)
     try:
