@@ -24,8 +24,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# coverage run, not pytest-cov: the pytest11 plugin is imported before pytest-cov starts.
 pytest: $(STAMP)
-	$(BIN)/pytest --cov --cov-report=term
+	rm -f .coverage .coverage.*
+	$(BIN)/coverage run -m pytest
+	$(BIN)/coverage combine -q
+	$(BIN)/coverage report
 
 test: lint typecheck pytest
 

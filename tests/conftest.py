@@ -1,8 +1,8 @@
-"""Fixtures: an emulator on 127.0.0.1 per test, and transports pointed at it."""
+"""Fixtures: the plugin's emulator (gql_service_auth.pytest_plugin), and transports for it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -10,21 +10,22 @@ import pytest
 from gql_service_auth import ApiKeyTransport, AuthEvent, OAuth2Transport, RetryPolicy
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
 
+pytest_plugins = ["pytester"]
+
 NO_WAIT = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0)
 """Retries without backoff waits, so tests never sleep through them."""
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    """A clock shared by the emulator and the transports: tests advance it, never sleep."""
-    return ManualClock()
+def clock(service_clock: ManualClock) -> ManualClock:
+    """The plugin's clock, shared by the emulator and the transports: advanced, never slept."""
+    return service_clock
 
 
 @pytest.fixture
-def emulator(clock: ManualClock) -> Iterator[Emulator]:
-    """The service emulator, serving from its own thread so sync and async tests can use it."""
-    with Emulator(clock=clock).run_in_thread() as running:
-        yield running
+def emulator(service_emulator: Emulator, clock: ManualClock) -> Emulator:
+    """The plugin's emulator, on the manual clock (our tests never wait out a lifetime)."""
+    return service_emulator
 
 
 @pytest.fixture

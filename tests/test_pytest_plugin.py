@@ -1,0 +1,82 @@
+"""The pytest plugin, seen from a user's test suite."""
+
+from __future__ import annotations
+
+import pytest
+
+INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+
+USER_TESTS = """
+import asyncio
+import pytest
+from gql import Client, gql
+from gql_service_auth import ApiKeyRejectedError, ApiKeyTransport, OAuth2Transport
+
+QUERY = gql("query { carriers(first: 2) { edges { node { name } } } }")
+
+def run(transport):
+    async def go():
+        async with Client(transport=transport) as session:
+            return await session.execute(QUERY)
+    return asyncio.run(go())
+
+def test_env_points_from_env_at_the_emulator(service_env, service_emulator):
+    assert len(run(OAuth2Transport.from_env(service_env))["carriers"]["edges"]) == 2
+    assert service_emulator.counters.token_requests == 1
+
+def test_legacy_client_is_refused_as_api_key(service_emulator, service_legacy_client):
+    transport = ApiKeyTransport(
+        service_emulator.graphql_url,
+        client_id=service_legacy_client.client_id,
+        client_secret=service_legacy_client.client_secret,
+    )
+    with pytest.raises(ApiKeyRejectedError):
+        run(transport)
+
+def test_ttl_option(service_emulator):
+    assert service_emulator.token_ttl == 7
+
+@pytest.mark.service_emulator(token_latency=0.01, unauthenticated_status=401)
+def test_marker_sets_knobs(service_emulator):
+    assert (service_emulator.token_latency, service_emulator.unauthenticated_status) == (0.01, 401)
+
+def test_clock_drives_expiry(service_emulator, service_clock, service_client):
+    transport = OAuth2Transport(
+        service_emulator.graphql_url,
+        token_url=service_emulator.token_url,
+        client_id=service_client.client_id,
+        client_secret=service_client.client_secret,
+        clock=service_clock,
+    )
+    run(transport)
+    service_clock.advance(8)
+    run(transport)
+    assert service_emulator.counters.token_requests == 2
+"""
+
+
+def test_fixtures_work_in_a_user_suite(pytester: pytest.Pytester) -> None:
+    """A user's tests get a running emulator, credentials, env, the TTL option and the marker."""
+    pytester.makeini(INI)
+    pytester.makepyfile(test_user=USER_TESTS)
+    result = pytester.runpytest_inprocess(
+        "--service-token-ttl=7", "--strict-markers", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=5)
+
+
+def test_unknown_knob_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    """A marker naming a knob the emulator lacks fails clearly instead of being ignored."""
+    pytester.makeini(INI)
+    pytester.makepyfile(
+        test_user="""
+import pytest
+
+@pytest.mark.service_emulator(token_tll=2)
+def test_typo(service_emulator):
+    pass
+"""
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*no knob 'token_tll'*"])
