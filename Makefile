@@ -34,7 +34,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 demo: $(STAMP)
-	$(BIN)/python examples/demo.py
+	$(BIN)/gql-service-auth demo
 
 examples: $(STAMP)
 	@for script in examples/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
-from pathlib import Path
 
 import pytest
 from gql import Client, gql
@@ -20,7 +17,6 @@ from gql_service_auth._oauth2 import parse_retry_after
 from gql_service_auth.emulator import Emulator
 
 SUBSCRIPTION = gql("subscription { ticks }")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 async def test_refused_subscription_drops_the_token(
@@ -130,17 +126,3 @@ async def test_events_are_logged_under_stable_names(
     (record,) = [r for r in caplog.records if r.name == "gql_service_auth"]
     assert record.getMessage() == "gql_service_auth.token_fetched"
     assert record.gql_service_auth["reason"] == "initial"  # type: ignore[attr-defined]
-
-
-def test_demo_runs() -> None:
-    """``make demo``'s script runs to the end with no failed query."""
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "demo.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert "0 failed, 0 refused tokens" in completed.stdout
-    assert "2024-05-13" in completed.stdout
