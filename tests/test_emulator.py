@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
+from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock, environ_or_emulator
 
 QUERY = {"query": "query { carriers(first: 2) { edges { node { id name } } } }"}
 
@@ -179,3 +179,21 @@ def test_port_in_use_is_reported() -> None:
         taken = Emulator(port=first.port)
         with pytest.raises(OSError, match="address already in use"), taken.run_in_thread():
             pass  # pragma: no cover
+
+
+def test_environ_or_emulator_prefers_the_configured_service() -> None:
+    """With SERVICE_BASE_URL set, no emulator is started and the environment is passed on."""
+    configured = {"SERVICE_BASE_URL": "https://api.example.com"}
+    with environ_or_emulator(configured) as (environ, emulator):
+        assert emulator is None
+        assert environ is configured
+
+
+def test_environ_or_emulator_starts_one_otherwise() -> None:
+    """Without it, an emulator runs with the knobs given, and unknown knobs are refused."""
+    with environ_or_emulator({}, legacy=True, token_ttl=5) as (environ, emulator):
+        assert emulator is not None
+        assert emulator.token_ttl == 5
+        assert environ["SERVICE_CLIENT_ID"] == emulator.legacy_client.client_id
+    with pytest.raises(TypeError, match="token_tll"), environ_or_emulator({}, token_tll=5):
+        pass  # pragma: no cover

@@ -17,7 +17,14 @@ errors in the body. Knobs inject faults; counters tell what happened::
 """
 
 from ._schema import UploadedFile
-from ._server import ClientRecord, Counters, Emulator, ManualClock, RecordedRequest
+from ._server import (
+    ClientRecord,
+    Counters,
+    Emulator,
+    ManualClock,
+    RecordedRequest,
+    environ_or_emulator,
+)
 
 __all__ = [
     "ClientRecord",
@@ -26,4 +33,5 @@ __all__ = [
     "ManualClock",
     "RecordedRequest",
     "UploadedFile",
+    "environ_or_emulator",
 ]

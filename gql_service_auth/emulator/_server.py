@@ -7,6 +7,7 @@ import base64
 import contextlib
 import hmac
 import json
+import os
 import secrets
 import threading
 import time
@@ -637,4 +638,33 @@ def _set_path(target: Any, path: str, value: object) -> None:
         target[last] = value
 
 
-__all__ = ["ClientRecord", "Counters", "Emulator", "ManualClock", "RecordedRequest"]
+@contextlib.contextmanager
+def environ_or_emulator(
+    environ: Mapping[str, str] | None = None, *, legacy: bool = False, **knobs: Any
+) -> Iterator[tuple[Mapping[str, str], Emulator | None]]:
+    """The configured service if ``SERVICE_BASE_URL`` is set, else an emulator started here.
+
+    For scripts that should run anywhere: against the real service when it is configured,
+    offline otherwise. The emulator serves from a thread, so sync and async code can use it.
+
+    Args:
+        environ: Where to look for ``SERVICE_*``; ``os.environ`` when ``None``.
+        legacy: Use the emulator's client registered before 2024-05-13.
+        **knobs: Emulator attributes to set (``token_ttl=2``...).
+
+    Yields:
+        ``(environ, emulator)``: the variables to build transports from, and the emulator,
+        or ``None`` when the configured service is used.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get(ENV_BASE_URL, "").strip():
+        yield environ, None
+        return
+    emulator = Emulator()
+    for name, value in knobs.items():
+        if name.startswith("_") or not hasattr(emulator, name):
+            raise TypeError(f"the emulator has no knob {name!r}")
+        setattr(emulator, name, value)
+    with emulator.run_in_thread() as running:
+        client = running.legacy_client if legacy else running.recent_client
+        yield running.environ(client), running
