@@ -26,17 +26,8 @@ from typing import Any, Final, TextIO
 from gql import Client, gql
 from gql.transport.exceptions import TransportError
 
-from ._config import join_url
-from ._constants import (
-    ENV_AUTH_URL,
-    ENV_BASE_URL,
-    ENV_CLIENT_ID,
-    ENV_CLIENT_SECRET,
-    GRAPHQL_PATH,
-    TOKEN_PATH,
-)
+from ._constants import ENV_AUTH_URL, ENV_BASE_URL, ENV_CLIENT_ID, ENV_CLIENT_SECRET
 from ._errors import (
-    ApiKeyRejectedError,
     ConfigurationError,
     TokenRequestError,
     UnauthenticatedError,
@@ -193,25 +184,23 @@ def _setting(value: str | None, environ: Mapping[str, str], name: str, flag: str
 
 
 async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Report:
-    base_url = _setting(args.base_url, environ, ENV_BASE_URL, "--base-url")
-    client_id = _setting(args.client_id, environ, ENV_CLIENT_ID, "--client-id")
-    client_secret = _setting(args.client_secret, environ, ENV_CLIENT_SECRET, "--client-secret")
-    auth_url = None
+    # Flags win over variables; the transports' from_env() then builds the URLs.
+    settings = {
+        ENV_BASE_URL: _setting(args.base_url, environ, ENV_BASE_URL, "--base-url"),
+        ENV_CLIENT_ID: _setting(args.client_id, environ, ENV_CLIENT_ID, "--client-id"),
+        ENV_CLIENT_SECRET: _setting(
+            args.client_secret, environ, ENV_CLIENT_SECRET, "--client-secret"
+        ),
+    }
     if args.method != "api-key":
-        auth_url = _setting(args.auth_url, environ, ENV_AUTH_URL, "--auth-url")
+        settings[ENV_AUTH_URL] = _setting(args.auth_url, environ, ENV_AUTH_URL, "--auth-url")
     if not 1 <= args.first <= 100:
         raise _UsageError("--first must be between 1 and 100")
-    graphql_url = join_url(base_url, GRAPHQL_PATH)
     report = _Report()
 
     if args.method in ("auto", "api-key"):
-        transport = ApiKeyTransport(
-            graphql_url,
-            client_id=client_id,
-            client_secret=client_secret,
-            allow_insecure_http=args.allow_insecure_http,
-        )
-        refused = await _query_step(report, "api_key", transport, args.first)
+        api_key = ApiKeyTransport.from_env(settings, allow_insecure_http=args.allow_insecure_http)
+        refused = await _query_step(report, "api_key", api_key, args.first)
         if report.ok:
             report.method = "api-key"
             return report
@@ -219,20 +208,16 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
             return report
         report.notes.append(_FALLBACK_NOTE)
 
-    assert auth_url is not None
     fetched: list[AuthEvent] = []
-    transport2 = OAuth2Transport(
-        graphql_url,
-        token_url=join_url(auth_url, TOKEN_PATH),
-        client_id=client_id,
-        client_secret=client_secret,
+    oauth2 = OAuth2Transport.from_env(
+        settings,
         allow_insecure_http=args.allow_insecure_http,
         on_event=lambda event: fetched.append(event) if event.name == "token_fetched" else None,
     )
-    await _query_step(report, "oauth2", transport2, args.first, fetched)
+    await _query_step(report, "oauth2", oauth2, args.first, fetched)
     if report.ok:
         report.method = "oauth2"
-        token = transport2.token
+        token = oauth2.token
         if args.show_token and token is not None:
             report.access_token = token.value
     return report
@@ -252,7 +237,7 @@ async def _query_step(
             query = gql(_CHECK_QUERY)
             query.variable_values = {"first": first}
             result = await session.execute(query)
-    except (ApiKeyRejectedError, UnauthenticatedError, TokenRequestError) as exc:
+    except (UnauthenticatedError, TokenRequestError) as exc:
         _token_step(report, fetched)
         report.steps.append(_Step(name, False, _ms_since(started), str(exc)))
         report.exit_code = (
