@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +15,30 @@ pytest_plugins = ["pytester"]
 
 NO_WAIT = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0)
 """Retries without backoff waits, so tests never sleep through them."""
+
+
+# Every secret and token the emulator makes up starts with one of these, so any of them in
+# a log record is a leak, whichever test it comes from.
+LEAK_MARKERS = ("emu-secret-", "emu-token-")
+
+
+@pytest.fixture(autouse=True)
+def no_secret_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Every test runs with all loggers at DEBUG and fails if a record shows a credential.
+
+    Messages, structured extras and attached tracebacks are scanned; test_secrets.py scans
+    exception texts, reprs and tracebacks as well, with sentinel values.
+    """
+    caplog.set_level(logging.DEBUG)
+    yield
+    # In teardown, caplog.records holds only teardown's records: read each phase.
+    records = [*caplog.get_records("setup"), *caplog.get_records("call"), *caplog.records]
+    for record in records:
+        text = record.getMessage() + repr(record.__dict__)
+        if record.exc_info:
+            text += logging.Formatter().formatException(record.exc_info)
+        for marker in LEAK_MARKERS:
+            assert marker not in text, f"a credential leaked into the log record {record.name}"
 
 
 @pytest.fixture
