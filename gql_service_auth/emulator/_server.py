@@ -186,6 +186,8 @@ class Emulator:
         refuse_all_tokens: Refuse every access token, even fresh ones.
         advertised_ttl: Seconds sent as ``expires_in`` when it should differ from
             ``token_ttl`` (a server that lies); ``None`` sends ``token_ttl``.
+        expires_in_override: Any JSON value sent verbatim as ``expires_in`` with a real
+            token (strings, negatives, huge numbers: for fuzzing); ``None`` turns it off.
         counters: Request counters.
         requests: The last 10,000 requests received.
     """
@@ -219,6 +221,7 @@ class Emulator:
         self.unauthenticated_body = True
         self.refuse_all_tokens = False
         self.advertised_ttl: float | None = None
+        self.expires_in_override: Any = None
         self.counters = Counters()
         self.requests: deque[RecordedRequest] = deque(maxlen=10_000)
         self.carriers = _schema.seed_carriers(carriers)
@@ -494,7 +497,9 @@ class Emulator:
         body: dict[str, Any] = {"access_token": token, "token_type": BEARER_SCHEME}
         advertised = self.token_ttl if self.advertised_ttl is None else self.advertised_ttl
         ttl = int(advertised) if float(advertised).is_integer() else advertised
-        if self.expires_in_format == "number":
+        if self.expires_in_override is not None:
+            body["expires_in"] = self.expires_in_override
+        elif self.expires_in_format == "number":
             body["expires_in"] = ttl
         elif self.expires_in_format == "string":
             body["expires_in"] = str(ttl)
