@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo examples clean
+.PHONY: install test lint typecheck pytest demo examples soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ test: lint typecheck pytest
 
 demo: $(STAMP)
 	$(BIN)/gql-service-auth demo
+
+# About 60 s, not part of make test: 50 workers, 1 s tokens, figures printed.
+soak: $(STAMP)
+	$(BIN)/python tests/soak.py --seconds 60
 
 examples: $(STAMP)
 	@for script in examples/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done

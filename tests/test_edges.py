@@ -126,3 +126,25 @@ async def test_events_are_logged_under_stable_names(
     (record,) = [r for r in caplog.records if r.name == "gql_service_auth"]
     assert record.getMessage() == "gql_service_auth.token_fetched"
     assert record.gql_service_auth["reason"] == "initial"  # type: ignore[attr-defined]
+
+
+def test_soak_script_runs_in_tiny_mode() -> None:
+    """make soak's script works: a 3 s run with 10 workers passes its own checks."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "soak.py"
+    completed = subprocess.run(
+        [sys.executable, "-W", "error", str(script), "--seconds", "3", "--workers", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    figures = json.loads(completed.stdout)
+    assert figures["queries_failed"] == 0
+    assert figures["queries_ok"] > 0
+    assert figures["token_requests"] >= 2
