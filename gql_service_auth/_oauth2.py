@@ -231,6 +231,11 @@ def _expires_in(value: object) -> float | None:
     return None
 
 
+def _fits_in_a_header(token: str) -> bool:
+    # Visible ASCII only: a superset of RFC 6750's b64token, lenient to odd servers.
+    return all("!" <= char <= "~" for char in token)
+
+
 def _optional_str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -394,6 +399,16 @@ class ClientCredentialsGrant:
                 f"the token endpoint answered HTTP {status} without an access_token",
                 status=status,
                 hint="Check that token_url is the service's {auth_url}/oauth2/token",
+            )
+        if not _fits_in_a_header(access_token):
+            # It goes into "Authorization: Bearer <token>": whitespace or control
+            # characters would break the header or inject another (RFC 6750 section 2.1
+            # allows only b64token characters).
+            raise TokenRequestError(
+                f"the token endpoint answered HTTP {status} with an access_token that "
+                "cannot be sent in an HTTP header (whitespace or control characters)",
+                status=status,
+                hint="The authorization server is misbehaving; report it to the service",
             )
         return TokenResponse(
             access_token=access_token,

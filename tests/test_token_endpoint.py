@@ -267,3 +267,15 @@ async def test_reconnecting_session_does_not_retry_bad_credentials(
     finally:
         await client.close_async()
     assert emulator.counters.token_requests == 1
+
+
+@pytest.mark.parametrize("token", ["abc\r\nX-Injected: 1", "two words", "caf\u00e9", "tab\there"])
+async def test_token_unfit_for_a_header_is_refused(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], token: str
+) -> None:
+    """A token with whitespace, control or non-ASCII characters is never put in a header."""
+    emulator.fail_token_requests(1, 200, body={"access_token": token, "expires_in": 60})
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(TokenRequestError, match="cannot be sent in an HTTP header"):
+            await session.execute(COUNT)
+    assert emulator.counters.graphql_requests == 0
