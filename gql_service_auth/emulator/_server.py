@@ -317,14 +317,17 @@ class Emulator:
         status: int = 200,
         *,
         body: bytes | str | Mapping[str, Any] | list[Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         """Answer the next ``count`` GraphQL requests with ``body``, whatever they ask.
 
         For answers the contract does not describe: malformed ``errors``, partial data
-        next to an ``UNAUTHENTICATED`` error, a body that is not JSON.
+        next to an ``UNAUTHENTICATED`` error, a body that is not JSON, a redirect
+        (``status=307, headers={"Location": ...}``).
         """
-        headers = {"Content-Type": "application/json"} if not isinstance(body, bytes) else {}
-        fault = _Fault(status, _encode(body), headers)
+        fault_headers = {"Content-Type": "application/json"} if not isinstance(body, bytes) else {}
+        fault_headers.update(headers or {})
+        fault = _Fault(status, _encode(body), fault_headers)
         self._graphql_faults.extend([fault] * count)
 
     def revoke_tokens(self) -> None:
@@ -351,7 +354,9 @@ class Emulator:
 
     async def start(self) -> None:
         """Start listening; :attr:`port` then holds the actual port."""
-        runner = web.AppRunner(self.app(), access_log=None)
+        # A test server should stop at once, not wait up to aiohttp's default 60 s for a
+        # handler a latency knob keeps asleep.
+        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=0.5)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         try:
