@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar
 
+import aiohttp
 from aiohttp import ClientResponseError
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
@@ -184,6 +186,7 @@ class _AuthenticatingTransport(AIOHTTPTransport):
     """What both transports share: argument checks and sending with a given header."""
 
     def __init__(self, url: str, *, allow_insecure_http: bool, options: Mapping[str, Any]) -> None:
+        self._per_thread = threading.local()
         if options.get("auth") is not None:
             raise ConfigurationError(
                 "auth= cannot be used with this transport: it sends its own Authorization "
@@ -199,6 +202,19 @@ class _AuthenticatingTransport(AIOHTTPTransport):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} url={self.url!r}>"
+
+    # gql's sync Client.execute connects, executes and closes in the calling thread, on that
+    # thread's event loop. With one session attribute, a second thread's connect() raised
+    # TransportAlreadyConnected, or its queries ran on the other thread's session and loop.
+    # One aiohttp session per thread lets threads share the transport, and so its token.
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        """This thread's aiohttp session, or ``None`` when this thread is not connected."""
+        return getattr(self._per_thread, "session", None)
+
+    @session.setter
+    def session(self, value: aiohttp.ClientSession | None) -> None:
+        self._per_thread.session = value
 
     async def _post(
         self,
