@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support import exception_texts
 
 from gql_service_auth import ApiKeyTransport, AuthEvent, OAuth2Transport, RetryPolicy
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
@@ -25,13 +27,26 @@ LEAK_PATTERN = re.compile(r"emu-(?:secret|token)-[A-Za-z0-9_-]{20}")
 
 
 @pytest.fixture(autouse=True)
-def no_secret_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """Every test runs with all loggers at DEBUG and fails if a record shows a credential.
+def no_secret_shown(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Every test runs with all loggers at DEBUG and fails if a credential shows anywhere.
 
-    Messages, structured extras and attached tracebacks are scanned; test_secrets.py scans
-    exception texts, reprs and tracebacks as well, with sentinel values.
+    Scanned: every log record (message, extras, traceback) and every exception a test
+    catches with ``pytest.raises`` (its traceback, and str, repr and attributes of each
+    exception in its chain). test_secrets.py adds scenarios with fixed sentinel values.
     """
     caplog.set_level(logging.DEBUG)
+    caught: list[BaseException] = []
+    real_raises = pytest.raises
+
+    @contextlib.contextmanager
+    def recording_raises(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with real_raises(*args, **kwargs) as info:
+            yield info
+        caught.append(info.value)
+
+    monkeypatch.setattr(pytest, "raises", recording_raises)
     yield
     # In teardown, caplog.records holds only teardown's records: read each phase.
     records = [*caplog.get_records("setup"), *caplog.get_records("call"), *caplog.records]
@@ -39,8 +54,10 @@ def no_secret_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
         text = record.getMessage() + repr(record.__dict__)
         if record.exc_info:
             text += logging.Formatter().formatException(record.exc_info)
-        leak = LEAK_PATTERN.search(text)
-        assert leak is None, f"a credential leaked into the log record {record.name}"
+        assert LEAK_PATTERN.search(text) is None, f"a credential leaked into {record.name}"
+    for exc in caught:
+        for text in exception_texts(exc):
+            assert LEAK_PATTERN.search(text) is None, f"a credential leaked into {exc!r:.80}"
 
 
 @pytest.fixture

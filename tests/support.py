@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 
 from gql import FileVar, GraphQLRequest, gql
 
@@ -34,3 +35,20 @@ def upload(data: bytes) -> GraphQLRequest:
     """The upload mutation with ``data`` as its file (send with ``upload_files=True``)."""
     file = FileVar(io.BytesIO(data), filename="note.txt", content_type="text/plain")
     return GraphQLRequest(UPLOAD, variable_values={"file": file})
+
+
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and every exception it was raised from or during, each once."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def exception_texts(exc: BaseException) -> list[str]:
+    """All a person or a crash reporter could see of ``exc``: traceback, str, repr, attributes."""
+    texts = ["".join(traceback.format_exception(exc))]
+    for link in exception_chain(exc):
+        texts += [str(link), repr(link), repr(vars(link))]
+    return texts

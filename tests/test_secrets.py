@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import date
 
 import pytest
 from gql import Client
-from support import COUNT, upload
+from support import COUNT, exception_texts, upload
 
 from gql_service_auth import ApiKeyTransport, OAuth2Transport, RetryPolicy
 from gql_service_auth.emulator import ClientRecord, Emulator
@@ -133,27 +132,12 @@ SCENARIOS: list[Scenario] = [
 ]
 
 
-def _chain(exc: BaseException | None) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-def _exception_texts(exc: BaseException) -> list[str]:
-    texts = ["".join(traceback.format_exception(exc))]
-    for link in _chain(exc):
-        texts += [str(link), repr(link), repr(vars(link))]
-    return texts
-
-
 def _log_texts(records: list[logging.LogRecord]) -> list[str]:
     texts = []
     for record in records:
         texts += [record.getMessage(), repr(record.__dict__)]
         if record.exc_info and record.exc_info[1] is not None:
-            texts += _exception_texts(record.exc_info[1])
+            texts += exception_texts(record.exc_info[1])
     return texts
 
 
@@ -167,7 +151,7 @@ async def test_no_secret_is_shown(
     try:
         await scenario(sentinel_emulator)
     except Exception as exc:
-        texts += _exception_texts(exc)
+        texts += exception_texts(exc)
     texts += _log_texts(caplog.records)
 
     sent = [r.headers.get("Authorization", "") for r in sentinel_emulator.requests]
