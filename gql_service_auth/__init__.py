@@ -1,7 +1,5 @@
 """Authenticating gql transports for the service: API key and OAuth 2.0 client credentials."""
 
-from importlib.metadata import PackageNotFoundError, version
-
 from ._errors import (
     ApiKeyRejectedError,
     ConfigurationError,
@@ -20,10 +18,15 @@ from .transports import (
     OAuth2Transport,
 )
 
-try:
-    __version__ = version("gql-service-auth")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree never installed
-    __version__ = "0+unknown"
+
+def __getattr__(name: str) -> str:
+    # Resolved on first use, as stamina does: importlib.metadata costs ~6 ms at import.
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("gql-service-auth")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AIOHTTPTransportOptions",

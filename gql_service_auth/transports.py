@@ -114,10 +114,6 @@ _API_KEY_REFUSED: Final = (
 )
 
 
-class _BareUnauthorized(Exception):
-    """The server answered HTTP 401 without a GraphQL body."""
-
-
 class _Refused(Exception):
     """The service refused the token and the request may be sent again."""
 
@@ -170,6 +166,17 @@ def _scrubbed(exc: TransportServerError) -> TransportServerError:
     return exc
 
 
+def _bare_401(exc: TransportServerError) -> None:
+    """Accept an HTTP 401 without a GraphQL body as a refusal; re-raise anything else.
+
+    Call it from the ``except`` block: the error is scrubbed first, because whatever is
+    raised next keeps it as ``__context__``, where a crash reporter would look.
+    """
+    _scrubbed(exc)
+    if exc.code != 401:
+        raise exc
+
+
 def _check_number(name: str, value: object, *, positive: bool = False) -> None:
     if (
         isinstance(value, bool)
@@ -215,28 +222,6 @@ class _AuthenticatingTransport(AIOHTTPTransport):
     @session.setter
     def session(self, value: aiohttp.ClientSession | None) -> None:
         self._per_thread.session = value
-
-    async def _post(
-        self,
-        send: Callable[..., Awaitable[_T]],
-        authorization: str,
-        extra_args: Mapping[str, Any] | None,
-        **kwargs: Any,
-    ) -> _T:
-        """Send with ``authorization`` through the parent's method ``send``.
-
-        Raises:
-            _BareUnauthorized: the answer was HTTP 401 without a GraphQL body.
-        """
-        try:
-            return await send(extra_args=_with_authorization(extra_args, authorization), **kwargs)
-        except TransportServerError as exc:
-            # Scrub first: an exception raised below keeps exc as its __context__ even
-            # "from None", and a debugger or crash reporter walking the chain would find it.
-            _scrubbed(exc)
-            if exc.code == 401:
-                raise _BareUnauthorized from None
-            raise
 
 
 class ApiKeyTransport(_AuthenticatingTransport):
@@ -312,15 +297,13 @@ class ApiKeyTransport(_AuthenticatingTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
+        authorization = _with_authorization(extra_args, self._credentials.api_key_authorization())
         try:
-            result = await self._post(
-                super().execute,
-                self._credentials.api_key_authorization(),
-                extra_args,
-                request=request,
-                upload_files=upload_files,
+            result = await super().execute(
+                request, extra_args=authorization, upload_files=upload_files
             )
-        except _BareUnauthorized:
+        except TransportServerError as exc:
+            _bare_401(exc)
             raise self._refused(None, None, None) from None
         if _is_refusal(result.errors):
             raise self._refused(result.errors, result.data, result.extensions)
@@ -336,14 +319,11 @@ class ApiKeyTransport(_AuthenticatingTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
+        authorization = _with_authorization(extra_args, self._credentials.api_key_authorization())
         try:
-            results = await self._post(
-                super().execute_batch,
-                self._credentials.api_key_authorization(),
-                extra_args,
-                reqs=reqs,
-            )
-        except _BareUnauthorized:
+            results = await super().execute_batch(reqs, extra_args=authorization)
+        except TransportServerError as exc:
+            _bare_401(exc)
             raise self._refused(None, None, None) from None
         for result in results:
             if _is_refusal(result.errors):
@@ -506,8 +486,10 @@ class OAuth2Transport(_AuthenticatingTransport):
         parent = super().execute
 
         def send(authorization: str) -> Awaitable[ExecutionResult]:
-            return self._post(
-                parent, authorization, extra_args, request=request, upload_files=upload_files
+            return parent(
+                request,
+                extra_args=_with_authorization(extra_args, authorization),
+                upload_files=upload_files,
             )
 
         if upload_files:
@@ -531,7 +513,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         parent = super().execute_batch
 
         def send(authorization: str) -> Awaitable[list[ExecutionResult]]:
-            return self._post(parent, authorization, extra_args, reqs=reqs)
+            return parent(reqs, extra_args=_with_authorization(extra_args, authorization))
 
         return await self._send_with_renewal(send, _batch)
 
@@ -573,10 +555,16 @@ class OAuth2Transport(_AuthenticatingTransport):
         without data proves nothing ran (the contract's rule, and the only reason a
         mutation may be re-sent).
         """
-        # Fast path: almost every request succeeds on its first send, so no retry
-        # machinery is built for it (tenacity costs ~17 us a call, a loopback query ~300).
+        # Fast path, inlined: almost every request succeeds on its first send with a cached
+        # token, and each coroutine layer or tenacity loop here costs microseconds a query.
+        token = self._tokens.fresh(min_ttl=min_ttl) or await self._tokens.get(min_ttl=min_ttl)
         try:
-            return await self._send_once(send, inspect, min_ttl=min_ttl, resendable=resendable)
+            outcome: _T | None = await send(token.authorization)
+        except TransportServerError as exc:
+            _bare_401(exc)
+            outcome = None
+        try:
+            return self._accept(token, outcome, inspect, resendable)
         except _Refused as first:
             refusal = first
         # Slow path. Tenacity's first "attempt" replays the refusal in hand, so the bound
@@ -595,42 +583,41 @@ class OAuth2Transport(_AuthenticatingTransport):
                     if not replayed:
                         replayed = True
                         raise refusal
-                    return await self._send_once(
-                        send, inspect, min_ttl=min_ttl, resendable=resendable
-                    )
+                    token = await self._tokens.get(min_ttl=min_ttl)
+                    try:
+                        outcome = await send(token.authorization)
+                    except TransportServerError as exc:
+                        _bare_401(exc)
+                        outcome = None
+                    return self._accept(token, outcome, inspect, resendable)
         except _Refused as refused:
             raise _exhausted(refused.outcome, self._max_renewals) from None
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
-    async def _send_once(
+    def _accept(
         self,
-        send: Callable[[str], Awaitable[_T]],
+        token: AccessToken,
+        outcome: _T | None,
         inspect: Callable[[_T], tuple[bool, bool]],
-        *,
-        min_ttl: float,
         resendable: bool,
     ) -> _T:
-        """One send with the current token.
+        """The answer, unless it refuses ``token`` (``None``: a bare HTTP 401).
 
         Raises:
             _Refused: the token was refused and the request may be sent again.
             UnauthenticatedError: the token was refused and the request must not be re-sent.
         """
-        token = await self._tokens.get(min_ttl=min_ttl)
-        try:
-            outcome = await send(token.authorization)
-        except _BareUnauthorized:
-            refused, safe, answer = True, True, None
+        if outcome is None:
+            safe = True
         else:
             refused, safe = inspect(outcome)
             if not refused:
                 return outcome
-            answer = outcome
         # Only the first of many requests refused with this token renews it.
         self._tokens.invalidate(token)
         if not (resendable and safe):
-            raise _not_resent(answer, upload=not resendable)
-        raise _Refused(answer)
+            raise _not_resent(outcome, upload=not resendable)
+        raise _Refused(outcome)
 
     def _before_resend(self, state: RetryCallState) -> None:
         self._emit(
