@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo examples soak clean
+.PHONY: install test lint typecheck pytest demo examples soak bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,16 @@ demo: $(STAMP)
 # About 60 s, not part of make test: 50 workers, 1 s tokens, figures printed.
 soak: $(STAMP)
 	$(BIN)/python tests/soak.py --seconds 60
+
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+# About two minutes; prints figures, never fails on a timing.
+bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/bench.py
 
 examples: $(STAMP)
 	@for script in examples/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done

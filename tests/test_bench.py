@@ -1,0 +1,70 @@
+"""make bench's script works: a tiny run whose counts (never its times) are checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict[str, Any]:
+    """The tiny benchmark run's figures, as JSON."""
+    completed = subprocess.run(
+        [sys.executable, "-W", "error", str(SCRIPT), "--tiny", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result: dict[str, Any] = json.loads(completed.stdout)
+    return result
+
+
+def test_all_six_figures_are_reported(figures: dict[str, Any]) -> None:
+    """Each of the six figures is in the output."""
+    for key in (
+        "1 overhead",
+        "1 layer cost",
+        "2 stampede",
+        "3 early renewal",
+        "4 event loop",
+        "5 footprint",
+        "6 scaling",
+    ):
+        assert key in figures
+
+
+def test_stampede_counts(figures: dict[str, Any]) -> None:
+    """Each stampede phase costs one token request and no failed query."""
+    for phase in ("empty cache", "after expiry", "after revocation"):
+        assert figures["2 stampede"]["oauth2"][phase] == {"token_requests": 1, "failed_queries": 0}
+
+
+def test_early_renewal_counts(figures: dict[str, Any]) -> None:
+    """No failure, no UNAUTHENTICATED, and no renewal more often than the margin rule."""
+    renewal = figures["3 early renewal"]
+    assert renewal["failed_queries"] == 0
+    assert renewal["unauthenticated_round_trips"] == 0
+    assert renewal["token_requests"] <= renewal["token_requests_by_margin_rule"] + 1
+    assert renewal["token_requests"] >= renewal["token_lifetimes"] - 1
+
+
+def test_scaling_counts(figures: dict[str, Any]) -> None:
+    """A cold first wave of any width fetches one token, and nothing fails."""
+    for row in figures["6 scaling"].values():
+        assert row["oauth2"]["token_requests"] == 1
+        assert row["oauth2"]["failed_queries"] == 0
+        assert row["baseline"]["token_requests"] == 0
+
+
+def test_event_loop_run_fetched_each_time(figures: dict[str, Any]) -> None:
+    """The event-loop figure really measured during token fetches."""
+    assert figures["4 event loop"]["token_requests"] == 3
