@@ -38,7 +38,7 @@ demo: $(STAMP)
 
 # About 60 s, not part of make test: 50 workers, 1 s tokens, figures printed.
 soak: $(STAMP)
-	$(BIN)/python tests/soak.py --seconds 60
+	$(BIN)/python benchmarks/soak.py --seconds 60
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

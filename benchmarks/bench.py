@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from _load import query_until
 from gql import Client, gql
 from gql.transport.aiohttp import AIOHTTPTransport
 
@@ -350,25 +351,12 @@ async def early_renewal(sizes: Sizes) -> dict[str, Any]:
             client_id=client.client_id,
             client_secret=client.client_secret,
         )
-        failed = ok = 0
         async with connected(transport) as session:
             await session.execute(QUERY)
             before = emulator.counters.token_requests
             started = time.monotonic()
             deadline = started + ttl * sizes.renewal_lifetimes
-
-            async def worker() -> None:
-                nonlocal failed, ok
-                for _ in range(10_000_000):  # bounded; the deadline ends it first
-                    if time.monotonic() >= deadline:
-                        return
-                    try:
-                        await session.execute(QUERY)
-                        ok += 1
-                    except Exception:
-                        failed += 1
-
-            await asyncio.gather(*(worker() for _ in range(sizes.renewal_workers)))
+            ok, failed = await query_until(session, QUERY, deadline, sizes.renewal_workers)
             elapsed = time.monotonic() - started
         used_for = ttl - min(MARGIN, ttl / 2)
         return {

@@ -135,7 +135,7 @@ def test_soak_script_runs_in_tiny_mode() -> None:
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent / "soak.py"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
     completed = subprocess.run(
         [sys.executable, "-W", "error", str(script), "--seconds", "3", "--workers", "10"],
         capture_output=True,

@@ -1,7 +1,7 @@
 """Soak run: 50 workers query for a while through gql's Client while 1 s tokens expire.
 
     make soak                     # 60 s
-    python tests/soak.py --seconds 5
+    python benchmarks/soak.py --seconds 5
 
 Prints its figures and exits 1 if a query failed, if memory grew by more than the
 allowance, or if token requests leave the band the renewal rule allows:
@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from _load import query_until
 from gql import Client, gql
 
 from gql_service_auth import OAuth2Transport
@@ -60,7 +61,6 @@ async def soak(seconds: float, workers: int) -> dict[str, float]:
             client_secret=client_record.client_secret,
             refresh_margin=REFRESH_MARGIN,
         )
-        ok = failed = 0
         async with Client(transport=transport) as session:
             await session.execute(QUERY)  # warm up: imports, first token, connection pool
             gc.collect()
@@ -68,17 +68,6 @@ async def soak(seconds: float, workers: int) -> dict[str, float]:
             tokens_start = emulator.counters.token_requests
             started = time.monotonic()
             deadline = started + seconds
-
-            async def worker() -> None:
-                nonlocal ok, failed
-                for _ in range(10_000_000):  # bounded; the deadline ends it first
-                    if time.monotonic() >= deadline:
-                        return
-                    try:
-                        await session.execute(QUERY)
-                        ok += 1
-                    except Exception:
-                        failed += 1
 
             samples: list[float] = []
 
@@ -89,7 +78,9 @@ async def soak(seconds: float, workers: int) -> dict[str, float]:
                     samples.append(round(rss_mb(), 1))
                     await asyncio.sleep(min(5.0, seconds / 4))
 
-            await asyncio.gather(sample_memory(), *(worker() for _ in range(workers)))
+            (ok, failed), _ = await asyncio.gather(
+                query_until(session, QUERY, deadline, workers), sample_memory()
+            )
             elapsed = time.monotonic() - started
             gc.collect()
             rss_end = rss_mb()
