@@ -162,6 +162,49 @@ async def test_cursor_and_page_bounds(emulator: Emulator, http: aiohttp.ClientSe
     assert emulator.counters.mutations_run == 0
 
 
+async def test_mutations_are_recorded_with_their_arguments(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """Each mutation the emulator runs is kept with its arguments, in order."""
+    client = emulator.recent_client
+    key = {"Authorization": f"SERVICE-API-KEY {client.client_id}:{client.client_secret}"}
+    for name in ("First", "Second"):
+        query = {
+            "query": "mutation ($n: String!) "
+            '{ renameCarrier(id: "carrier-002", name: $n) { id } }',
+            "variables": {"n": name},
+        }
+        async with http.post(emulator.graphql_url, json=query, headers=key) as response:
+            assert (await response.json())["data"]
+    assert [(m.field, dict(m.arguments)) for m in emulator.mutations] == [
+        ("renameCarrier", {"id": "carrier-002", "name": "First"}),
+        ("renameCarrier", {"id": "carrier-002", "name": "Second"}),
+    ]
+    emulator.reset_counters()
+    assert not emulator.mutations
+
+
+async def test_field_refusals_come_after_the_side_effect(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """refuse_fields: the mutation runs, then its resolver answers UNAUTHENTICATED with a path."""
+    client = emulator.recent_client
+    key = {"Authorization": f"SERVICE-API-KEY {client.client_id}:{client.client_secret}"}
+    rename = {"query": 'mutation { renameCarrier(id: "carrier-003", name: "Late") { id } }'}
+    emulator.refuse_fields(2)
+    for query in (rename, QUERY):
+        async with http.post(emulator.graphql_url, json=query, headers=key) as response:
+            answer = await response.json()
+        assert answer["data"] is None
+        assert answer["errors"][0]["extensions"] == {"code": "UNAUTHENTICATED"}
+        assert answer["errors"][0]["path"] in (["renameCarrier"], ["carriers"])
+    assert emulator.counters.mutations_run == 1
+    assert emulator.carriers[2]["name"] == "Late"
+    assert emulator.counters.unauthenticated_responses == 2
+    async with http.post(emulator.graphql_url, json=QUERY, headers=key) as response:
+        assert (await response.json())["data"]["carriers"]
+
+
 async def test_async_context_manager_and_reprs() -> None:
     """Emulator.running() serves in the current loop; reprs hide secrets."""
     async with Emulator.running(token_ttl=5) as emulator:

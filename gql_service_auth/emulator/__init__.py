@@ -22,6 +22,7 @@ from ._server import (
     Counters,
     Emulator,
     ManualClock,
+    RecordedMutation,
     RecordedRequest,
     environ_or_emulator,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "Counters",
     "Emulator",
     "ManualClock",
+    "RecordedMutation",
     "RecordedRequest",
     "UploadedFile",
     "environ_or_emulator",

@@ -89,7 +89,9 @@ class SchemaState(Protocol):
 
     carriers: list[dict[str, str]]
 
-    def count_mutation(self) -> None: ...
+    def record_mutation(self, field: str, arguments: dict[str, Any]) -> None: ...
+
+    def take_field_refusal(self) -> bool: ...
 
 
 def _cursor(index: int) -> str:
@@ -111,9 +113,19 @@ def _state(info: _Info) -> SchemaState:
     return state
 
 
+def _refuse_if_asked(info: _Info) -> None:
+    # Raised from inside the resolver, after whatever it changed: graphql-core gives the
+    # error a path, and the non-null root field turns the whole answer into data: null.
+    if _state(info).take_field_refusal():
+        raise GraphQLError(
+            "access token expired during execution", extensions={"code": "UNAUTHENTICATED"}
+        )
+
+
 def _carriers(_: object, info: _Info, first: int = 10, after: str | None = None) -> Any:
     if first < 0 or first > MAX_PAGE:
         raise GraphQLError(f"first must be between 0 and {MAX_PAGE}")
+    _refuse_if_asked(info)
     carriers = _state(info).carriers
     start = _index(after) + 1 if after else 0
     page = carriers[start : start + first]
@@ -129,6 +141,7 @@ def _carriers(_: object, info: _Info, first: int = 10, after: str | None = None)
 
 
 def _carrier(_: object, info: _Info, id: str) -> Any:
+    _refuse_if_asked(info)
     return next((c for c in _state(info).carriers if c["id"] == id), None)
 
 
@@ -137,15 +150,17 @@ def _rename(_: object, info: _Info, id: str, name: str) -> Any:
     carrier = next((c for c in state.carriers if c["id"] == id), None)
     if carrier is None:
         raise GraphQLError(f"no carrier with id {id!r}")
-    state.count_mutation()
+    state.record_mutation("renameCarrier", {"id": id, "name": name})
     carrier["name"] = name
+    _refuse_if_asked(info)
     return carrier
 
 
 def _upload(_: object, info: _Info, file: object) -> Any:
     if not isinstance(file, UploadedFile):
         raise GraphQLError("file must be sent as a multipart upload")
-    _state(info).count_mutation()
+    _state(info).record_mutation("uploadDocument", {"file": file})
+    _refuse_if_asked(info)
     return {"filename": file.filename, "contentType": file.content_type, "size": len(file.data)}
 
 

@@ -96,6 +96,20 @@ class RecordedRequest:
         return f"RecordedRequest(path={self.path!r}, auth_scheme={self.auth_scheme!r})"
 
 
+@dataclass(frozen=True, slots=True)
+class RecordedMutation:
+    """One mutation field the emulator ran, with the arguments it ran with.
+
+    Attributes:
+        field: The mutation field, ``"renameCarrier"`` or ``"uploadDocument"``.
+        arguments: Its arguments as the resolver received them (an upload's file is an
+            :class:`UploadedFile`).
+    """
+
+    field: str
+    arguments: Mapping[str, Any]
+
+
 @dataclass(slots=True)
 class _Fault:
     status: int
@@ -190,6 +204,7 @@ class Emulator:
             token (strings, negatives, huge numbers: for fuzzing); ``None`` turns it off.
         counters: Request counters.
         requests: The last 10,000 requests received.
+        mutations: The last 10,000 mutation fields run, with their arguments, in order.
     """
 
     __test__ = False
@@ -224,12 +239,14 @@ class Emulator:
         self.expires_in_override: Any = None
         self.counters = Counters()
         self.requests: deque[RecordedRequest] = deque(maxlen=10_000)
+        self.mutations: deque[RecordedMutation] = deque(maxlen=10_000)
         self.carriers = _schema.seed_carriers(carriers)
         self._clock = clock
         self._schema = _schema.build()
         self._tokens: dict[str, _Issued] = {}
         self._faults: deque[_Fault] = deque()
         self._graphql_faults: deque[_Fault] = deque()
+        self._field_refusals = 0
         self._runner: web.AppRunner | None = None
 
     def __repr__(self) -> str:
@@ -334,14 +351,35 @@ class Emulator:
         """Revoke every token issued so far; clients still think them valid."""
         self._tokens.clear()
 
+    def refuse_fields(self, count: int = 1) -> None:
+        """Refuse the next ``count`` root fields from inside their resolvers.
+
+        The request's credentials are accepted and execution starts; the resolver runs (a
+        mutation's side effect happens and is recorded), then raises ``UNAUTHENTICATED``.
+        graphql-core gives that error a ``path``, and because root fields are non-null the
+        answer is ``{"data": null, "errors": [...]}``: the shape of a server that checks
+        the token inside its resolvers. Whoever re-sends such a mutation runs it twice.
+        """
+        self._field_refusals += count
+
     def reset_counters(self) -> None:
-        """Zero the counters and forget the recorded requests."""
+        """Zero the counters and forget the recorded requests and mutations."""
         self.counters = Counters()
         self.requests.clear()
+        self.mutations.clear()
 
-    def count_mutation(self) -> None:
-        """Called by the schema's mutation resolvers."""
+    def record_mutation(self, field: str, arguments: dict[str, Any]) -> None:
+        """Called by the schema's mutation resolvers when they change something."""
         self.counters.mutations_run += 1
+        self.mutations.append(RecordedMutation(field, dict(arguments)))
+
+    def take_field_refusal(self) -> bool:
+        """Called by the schema's resolvers: whether this field is to be refused."""
+        if self._field_refusals <= 0:
+            return False
+        self._field_refusals -= 1
+        self.counters.unauthenticated_responses += 1
+        return True
 
     # -- life cycle ------------------------------------------------------------------
 
