@@ -59,8 +59,19 @@ DEFAULT_MAX_RENEWALS: Final = 1
 DEFAULT_RETRY_ATTEMPTS: Final = 4
 """Attempts at the token endpoint for one token, the first one included."""
 
-DEFAULT_RETRY_TIMEOUT: Final = 30.0
-"""Seconds one token fetch may take in all, its retries and waits included."""
+DEFAULT_RETRY_TIMEOUT: Final = 8.0
+"""Seconds one token fetch may take in all, its retries and waits included.
+
+Shorter than gql's default ``execute_timeout`` (10 s), so that a token endpoint that
+hangs ends in a :class:`~gql_service_auth.TokenRequestError` saying so, not in gql's
+bare ``TimeoutError``.
+"""
+
+FETCH_GRACE: Final = 0.5
+"""Seconds a token fetch may run past its ``RetryPolicy.timeout`` before it is cut off.
+
+The grant keeps to its own deadline; this bounds a fetcher that does not.
+"""
 
 DEFAULT_WAIT_INITIAL: Final = 0.1
 """Seconds of the first backoff wait; each further wait doubles, plus jitter."""

@@ -14,6 +14,7 @@ EventName: TypeAlias = Literal[
     "token_request_retry_scheduled",
     "token_request_failed",
     "token_rejected",
+    "token_expires_in_ignored",
     "request_retry_scheduled",
 ]
 """What happened; the log record's message is ``"gql_service_auth." + name``."""
@@ -29,7 +30,9 @@ class AuthEvent:
         name: ``token_fetched`` (a new token arrived), ``token_request_retry_scheduled``
             (the token endpoint failed transiently and will be asked again),
             ``token_request_failed`` (no token could be had), ``token_rejected`` (the
-            API refused a token, which is dropped), ``request_retry_scheduled`` (a
+            API refused a token, which is dropped), ``token_expires_in_ignored`` (the
+            token endpoint gave an ``expires_in`` of 0 or less, which is treated as
+            absent: the default lifetime applies), ``request_retry_scheduled`` (a
             refused GraphQL request will be sent again with a renewed token).
         reason: For ``token_fetched``: ``"initial"`` (first token), ``"expiring"``
             (early or late renewal of an expiring token) or ``"rejected"`` (renewal
@@ -38,7 +41,8 @@ class AuthEvent:
         wait: Seconds until the next attempt.
         duration: Seconds the token fetch took, retries included.
         expires_in: Seconds of lifetime the server gave the new token; ``None`` when it
-            gave none and the default lifetime applies.
+            gave none and the default lifetime applies. For ``token_expires_in_ignored``,
+            the value the server sent.
         status: HTTP status of the failed answer, ``None`` when none came.
         error: RFC 6749 error code, or the exception's class name.
     """
@@ -56,7 +60,9 @@ class AuthEvent:
 EventHook: TypeAlias = Callable[[AuthEvent], None]
 """A callable that receives every :class:`AuthEvent`, e.g. to count renewals.
 
-It runs in the event loop: keep it quick and non-blocking. An exception it raises is
+Keep it quick, non-blocking and thread-safe: request events run on the caller's event
+loop, and token fetch events (``token_fetched``, ``token_request_failed``...) on the
+thread that fetches the token, which is never a caller's. An exception it raises is
 logged and otherwise ignored, so a metrics bug cannot break authentication.
 """
 
@@ -67,6 +73,7 @@ _LEVELS: dict[EventName, int] = {
     "token_request_retry_scheduled": logging.INFO,
     "token_request_failed": logging.WARNING,
     "token_rejected": logging.INFO,
+    "token_expires_in_ignored": logging.WARNING,
     "request_retry_scheduled": logging.INFO,
 }
 

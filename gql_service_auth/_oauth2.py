@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from ._constants import (
+    BEARER_SCHEME,
     DEFAULT_RETRY_ATTEMPTS,
     DEFAULT_RETRY_TIMEOUT,
     DEFAULT_WAIT_INITIAL,
@@ -43,6 +45,7 @@ from ._constants import (
 from ._credentials import ClientCredentials
 from ._errors import ConfigurationError, TokenRequestError
 from ._events import AuthEvent, Emitter
+from ._redact import redact_chain
 from ._tokens import TokenResponse
 
 ClientAuthMethod: TypeAlias = Literal["client_secret_post", "client_secret_basic"]
@@ -55,16 +58,21 @@ ClientAuthMethod: TypeAlias = Literal["client_secret_post", "client_secret_basic
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Bounds and backoff for retries: of the token endpoint, and of refused requests.
+    """Bounds and backoff for retries of the token endpoint, and pauses of renewals.
 
     The n-th wait is ``wait_initial * 2 ** (n - 1)`` seconds, capped at ``wait_max``, plus
     up to ``wait_jitter`` seconds of random jitter; a server's ``Retry-After`` is honoured
-    when longer. Use ``RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0)`` in tests.
+    when longer. The same backoff spaces renewals while the API keeps refusing tokens the
+    authorization server has just issued (see :meth:`pause_after`). Use
+    ``RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0)`` in tests.
 
     Args:
         attempts: Most requests to the token endpoint for one token, the first included.
         timeout: Most seconds one token fetch may take, waits included. A ``Retry-After``
-            that would run past it ends the fetch at once instead of sleeping.
+            that would run past it ends the fetch at once instead of sleeping. Keep it
+            below gql's ``execute_timeout`` (10 s by default) minus the transport's
+            ``timeout``, so that a failing token endpoint ends in a ``TokenRequestError``
+            rather than gql's bare ``TimeoutError``.
         wait_initial: Seconds of the first wait.
         wait_max: Seconds of the longest wait computed by backoff.
         wait_jitter: Seconds of the most jitter added to a wait.
@@ -91,6 +99,19 @@ class RetryPolicy:
         return wait_exponential(multiplier=self.wait_initial, max=self.wait_max) + wait_random(
             0, self.wait_jitter
         )
+
+    def pause_after(self, refusals: int) -> float:
+        """Seconds renewals pause after ``refusals`` consecutive refused fresh tokens.
+
+        A token the API refused before accepting any request with it is "fresh". One such
+        refusal is renewed at once (a token can be revoked between issue and use); from
+        the second on, renewals back off like retries: ``wait_initial``, then doubling up
+        to ``wait_max``, plus jitter. The first accepted answer ends the pause.
+        """
+        if refusals < 2:
+            return 0.0
+        pause = min(self.wait_initial * 2 ** (refusals - 2), self.wait_max)
+        return float(pause) + random.uniform(0, self.wait_jitter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +177,10 @@ class AiohttpFormPoster:
                         break
                 return FormAnswer(response.status, CIMultiDict(response.headers), bytes(body))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            # aiohttp's messages name the host and port, never the request's body or headers.
+            # aiohttp's messages name the host and port, never the request's body or
+            # headers; its records of the request (kept for the chain) hold the Basic
+            # header of client_secret_basic, so they are blanked.
+            redact_chain(exc)
             detail = str(exc) or "timed out"
             raise TokenRequestError(
                 f"could not reach the token endpoint ({type(exc).__name__}: {detail})",
@@ -410,10 +434,20 @@ class ClientCredentialsGrant:
                 status=status,
                 hint="The authorization server is misbehaving; report it to the service",
             )
+        token_type = _optional_str(document.get("token_type"))
+        if token_type is not None and token_type.lower() != BEARER_SCHEME.lower():
+            # RFC 6749 section 7.1: a client must not use a token whose type it does not
+            # understand. A DPoP or MAC token sent as Bearer would be refused, or worse.
+            raise TokenRequestError(
+                f"the token endpoint issued a token of type {self._redact(token_type)!r}; "
+                "only Bearer tokens can be sent (RFC 6749 section 7.1)",
+                status=status,
+                hint="Ask the service for Bearer tokens: check token_params and scope",
+            )
         return TokenResponse(
             access_token=access_token,
             expires_in=_expires_in(document.get("expires_in")),
-            token_type=_optional_str(document.get("token_type")),
+            token_type=token_type,
             scope=_optional_str(document.get("scope")),
         )
 

@@ -4,24 +4,29 @@ Nothing here knows gql or an HTTP library. The manager is given a :class:`TokenF
 (any coroutine that returns a :class:`TokenResponse`), so another HTTP stack or a shared
 token store can sit under it later without a change here.
 
-Concurrency model. gql's sync ``Client.execute`` runs each call in the calling thread's
-event loop, so one transport (and its cached token) is used from several loops and
-threads. An ``asyncio.Lock`` belongs to one loop, so the state is guarded by a
-``threading.Lock`` held only for a few attribute reads and writes (never across an
-``await``), and an in-flight fetch is published as a ``concurrent.futures.Future`` that
-a coroutine on any loop can await.
+Concurrency model. gql's sync ``Client.execute`` runs each call on a loop of the calling
+thread and abandons that loop when ``execute_timeout`` strikes, so a fetch run on a
+caller's loop can be left pending forever, and a forked child inherits fetches whose
+thread it does not have. So no fetch runs on a caller's loop: each runs in a short-lived
+daemon thread with an event loop of its own (``asyncio.run``), bounded in time, and is
+published as a ``concurrent.futures.Future`` that a coroutine on any loop can await.
+Callers only wait; a caller that is cancelled or times out leaves the fetch to finish
+for the others. The state is guarded by a ``threading.Lock`` held only for a few
+attribute reads and writes, never across an ``await``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from . import _fork
 from ._constants import BEARER_SCHEME
 from ._errors import TokenRequestError
 from ._events import AuthEvent, Emitter
@@ -98,8 +103,27 @@ class AccessToken:
         )
 
 
-class _FlightAborted(Exception):
-    """The fetch a caller waited on was cancelled or abandoned; the caller starts another."""
+class RenewalSpent(Exception):
+    """The renewal that followed the refused token was itself refused.
+
+    Raised by :meth:`TokenManager.get` with ``after=``: many requests refused with one
+    token share one renewal (a wave), and once that renewal is refused too, fetching
+    another for each late request is what stampedes an identity provider.
+    """
+
+
+class RenewalPaused(Exception):
+    """Fresh tokens keep being refused, and renewals are paused for a while.
+
+    Attributes:
+        remaining: Seconds until renewals resume.
+        refusals: Consecutive tokens refused before any answer accepted them.
+    """
+
+    def __init__(self, remaining: float, refusals: int) -> None:
+        super().__init__(f"renewals paused for {remaining:.1f} s")
+        self.remaining = remaining
+        self.refusals = refusals
 
 
 @dataclass(eq=False, slots=True)
@@ -107,15 +131,19 @@ class _Flight:
     """One token fetch in progress, awaitable from any event loop."""
 
     future: concurrent.futures.Future[AccessToken]
-    loop: asyncio.AbstractEventLoop
-    deadline: float  # time.monotonic() after which waiters on other loops give up on it
     reason: str
 
 
-# A caller joins at most this many fetches before giving up: each fetch that aborts under
-# it (its loop shut down, say) is replaced by one on the caller's own loop, so a second
-# abort means the caller's own loop is going away.
-_MAX_FLIGHTS_PER_CALL = 3
+def _settle(waiter: asyncio.Future[AccessToken], done: concurrent.futures.Future[Any]) -> None:
+    # Runs on the waiter's loop. A waiter cancelled meanwhile is left alone, so no
+    # exception is ever set on a future that nobody will read.
+    if waiter.done():
+        return
+    error = done.exception()
+    if error is None:
+        waiter.set_result(done.result())
+    else:
+        waiter.set_exception(error)
 
 
 class TokenManager:
@@ -123,15 +151,17 @@ class TokenManager:
 
     Args:
         fetch: Obtains a new token; called at most once at a time, whatever the number of
-            callers, loops or threads.
+            callers, loops or threads. It runs on a thread and event loop of its own.
         refresh_margin: Seconds before expiry at which a token is renewed; capped at half
             the token's lifetime, so a 10 s token is still used for 5 s.
-        default_expires_in: Seconds a token is trusted when the server gives no
-            ``expires_in``.
-        fetch_timeout: Seconds a fetch may take, retries included; a caller on another
-            event loop stops waiting on a fetch after that and starts its own.
-        clock: Monotonic clock in seconds.
-        emit: Receives the life-cycle events.
+        default_expires_in: Seconds a token is trusted when the server gives no usable
+            ``expires_in`` (none, unreadable, or 0 and less).
+        fetch_timeout: Seconds after which a fetch is cut off, whatever ``fetch`` does.
+        cooldown: Seconds renewals pause after the n-th consecutive refusal of a token
+            that no answer had accepted; ``None`` never pauses.
+        clock: Monotonic clock in seconds, for token lifetimes.
+        emit: Receives the life-cycle events; called on the fetch's thread for fetch
+            events.
     """
 
     def __init__(
@@ -141,6 +171,7 @@ class TokenManager:
         refresh_margin: float,
         default_expires_in: float,
         fetch_timeout: float,
+        cooldown: Callable[[int], float] | None = None,
         clock: Clock = time.monotonic,
         emit: Callable[[AuthEvent], None] | None = None,
     ) -> None:
@@ -148,23 +179,55 @@ class TokenManager:
         self._refresh_margin = refresh_margin
         self._default_expires_in = default_expires_in
         self._fetch_timeout = fetch_timeout
+        self._cooldown = cooldown
         self._clock = clock
         self._emit = emit or Emitter(None)
+        self._reset()
+        _fork.reset_in_child(self)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._token: AccessToken | None = None
         self._flight: _Flight | None = None
         self._generation = 0
         self._rejected = False
-        # Strong references to running fetch tasks: the event loop keeps only weak ones.
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: Generation of the newest token an answer accepted; read without the lock on
+        #: the per-request path, where a stale read costs one extra confirm() call.
+        self.confirmed = 0
+        self._fresh_refusals = 0
+        self._paused_until = 0.0  # time.monotonic(): a rate limit in real time
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
+
+    # A transport is copied (pickle, copy.deepcopy) with its settings, not with its token,
+    # flights or locks: the copy starts cold, as a new transport would.
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("_fetch", "_refresh_margin", "_default_expires_in", "_fetch_timeout")
+        state = {name: self.__dict__[name] for name in keep}
+        state.update(_cooldown=self._cooldown, _clock=self._clock, _emit=self._emit)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+        _fork.reset_in_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The fetch's thread, and any thread that held the lock, are not in the child. A
+        # token is a value and stays usable; the next caller fetches if it must.
+        self._lock = threading.Lock()
+        self._flight = None
 
     @property
     def token(self) -> AccessToken | None:
         """The cached token, fresh or not; ``None`` before the first fetch."""
         return self._token
+
+    @property
+    def generation(self) -> int:
+        """The generation of the newest token obtained; 0 before the first."""
+        return self._generation
 
     def is_fresh(self, token: AccessToken, *, min_ttl: float = 0.0) -> bool:
         """Whether ``token`` may be used now without renewing it first.
@@ -189,43 +252,61 @@ class TokenManager:
             return token
         return None
 
-    async def get(self, *, min_ttl: float = 0.0) -> AccessToken:
+    def pause_remaining(self) -> float:
+        """Seconds until renewals resume after refused fresh tokens; 0 when not paused."""
+        return max(self._paused_until - time.monotonic(), 0.0)
+
+    async def get(self, *, min_ttl: float = 0.0, after: int = 0) -> AccessToken:
         """A token to use now: the cached one while fresh, else a new one.
 
-        Concurrent callers on an empty or stale cache share one fetch. A caller that is
-        cancelled does not cancel the fetch for the others.
+        Concurrent callers on an empty or stale cache share one fetch, whatever their
+        loop or thread. A caller that is cancelled does not cancel the fetch.
 
         Args:
             min_ttl: Seconds of validity needed beyond now; a fetched token is returned
                 even if its lifetime is shorter, since asking again would not help.
+            after: The generation of a token the API refused: only a newer token will
+                do, and the renewal after it is shared with every request it refused.
 
         Raises:
             TokenRequestError: the fetch failed. The next call starts a new fetch.
+            RenewalSpent: the renewal after ``after`` was refused too.
+            RenewalPaused: fresh tokens keep being refused; no fetch is started now.
         """
         token = self.fresh(min_ttl=min_ttl)
-        if token is not None:
+        if token is not None and token.generation > after:
             return token
-        for _ in range(_MAX_FLIGHTS_PER_CALL):
-            with self._lock:
-                token = self._token
-                if token is not None and self.is_fresh(token, min_ttl=min_ttl):
-                    return token
-                flight = self._flight or self._take_off(token)
-            try:
-                return await self._wait(flight)
-            except _FlightAborted:
-                continue
-        raise TokenRequestError(
-            "the token fetch was interrupted repeatedly",
-            retryable=True,
-            hint="The event loop running it was shutting down; call again",
-        )
+        with self._lock:
+            token = self._token
+            if (
+                token is not None
+                and token.generation > after
+                and self.is_fresh(token, min_ttl=min_ttl)
+            ):
+                return token
+            flight = self._flight
+            if flight is None:
+                if self._rejected and token is None and after and self._generation > after:
+                    raise RenewalSpent
+                remaining = self.pause_remaining()
+                if self._rejected and remaining > 0:
+                    raise RenewalPaused(remaining, self._fresh_refusals)
+                flight = self._take_off(token)
+        return await self._wait(flight)
+
+    def confirm(self, token: AccessToken) -> None:
+        """Record that an answer accepted ``token``: refusals of fresh tokens stop counting."""
+        with self._lock:
+            self.confirmed = max(self.confirmed, token.generation)
+            self._fresh_refusals = 0
+            self._paused_until = 0.0
 
     def invalidate(self, token: AccessToken) -> bool:
         """Drop ``token`` because the API refused it, unless a newer one already replaced it.
 
         Many requests that fail with the same token cause one renewal: the first call
-        drops it, the others find it already gone and renew nothing.
+        drops it, the others find it already gone and renew nothing. A refused token that
+        no answer had accepted counts towards the pause of renewals.
 
         Returns:
             Whether ``token`` was the cached token.
@@ -235,6 +316,11 @@ class TokenManager:
                 return False
             self._token = None
             self._rejected = True
+            if token.generation > self.confirmed:
+                self._fresh_refusals += 1
+                if self._cooldown is not None:
+                    pause = self._cooldown(self._fresh_refusals)
+                    self._paused_until = time.monotonic() + pause
         self._emit(AuthEvent("token_rejected"))
         return True
 
@@ -246,43 +332,44 @@ class TokenManager:
             reason = "initial"
         else:
             reason = "expiring"
-        loop = asyncio.get_running_loop()
         future: concurrent.futures.Future[AccessToken] = concurrent.futures.Future()
-        # A running future cannot be cancelled, so a cancelled waiter cannot cancel it
-        # through asyncio.wrap_future's cancellation chaining.
+        # A running future cannot be cancelled, so no waiter can cancel it for the others.
         future.set_running_or_notify_cancel()
-        flight = _Flight(future, loop, time.monotonic() + self._fetch_timeout, reason)
+        flight = _Flight(future, reason)
         self._flight = flight
-        task = loop.create_task(self._run(flight))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        threading.Thread(
+            target=self._run, args=(flight,), name="gql-service-auth-token", daemon=True
+        ).start()
         return flight
 
     async def _wait(self, flight: _Flight) -> AccessToken:
-        waiter = asyncio.shield(asyncio.wrap_future(flight.future))
-        if asyncio.get_running_loop() is flight.loop:
-            # The fetch runs on this loop and is bounded by its own timeout.
-            return await waiter
-        # The fetch runs on another loop, which may stop running (a sync Client.execute
-        # that was interrupted) and leave it pending forever: wait only as long as a fetch
-        # may take, then take over.
-        try:
-            return await asyncio.wait_for(waiter, max(flight.deadline - time.monotonic(), 0))
-        except asyncio.TimeoutError:
-            with self._lock:
-                if self._flight is flight:
-                    self._flight = None
-            raise _FlightAborted from None
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[AccessToken] = loop.create_future()
 
-    async def _run(self, flight: _Flight) -> None:
+        def relay(done: concurrent.futures.Future[AccessToken]) -> None:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, waiter, done)
+
+        flight.future.add_done_callback(relay)
+        return await waiter
+
+    async def _bounded_fetch(self) -> TokenResponse:
+        try:
+            return await asyncio.wait_for(self._fetch(), self._fetch_timeout)
+        except asyncio.TimeoutError:
+            raise TokenRequestError(
+                f"the token fetch did not finish within {self._fetch_timeout:g} s",
+                retryable=True,
+                hint="The token endpoint is too slow; check token_url and the network",
+            ) from None
+
+    def _run(self, flight: _Flight) -> None:
+        """The fetch's thread: one event loop, one fetch, then the loop is closed."""
         started = self._clock()
         began = time.monotonic()
         try:
-            response = await self._fetch()
-        except asyncio.CancelledError:
-            self._land(flight, None, _FlightAborted())
-            raise
-        except Exception as exc:
+            response = asyncio.run(self._bounded_fetch())
+        except BaseException as exc:
             self._land(flight, None, exc)
             self._emit(
                 AuthEvent(
@@ -293,9 +380,12 @@ class TokenManager:
                     error=getattr(exc, "error", None) or type(exc).__name__,
                 )
             )
+            if not isinstance(exc, Exception):
+                raise
             return
-        token = self._land(flight, response, None, started=started)
-        assert token is not None
+        self._land(flight, response, None, started=started)
+        if response.expires_in is not None and response.expires_in <= 0:
+            self._emit(AuthEvent("token_expires_in_ignored", expires_in=response.expires_in))
         self._emit(
             AuthEvent(
                 "token_fetched",
@@ -312,7 +402,7 @@ class TokenManager:
         error: BaseException | None,
         *,
         started: float = 0.0,
-    ) -> AccessToken | None:
+    ) -> None:
         """Publish a fetch's outcome; clear the flight first so no stale error is re-raised."""
         token = None
         with self._lock:
@@ -322,21 +412,23 @@ class TokenManager:
             if response is not None:
                 self._generation += 1
                 token = self._new_token(response, started, self._generation)
-                # A fetch abandoned by its waiters must not replace what a newer one brought.
                 if current:
                     self._token = token
                     self._rejected = False
         if token is not None:
             flight.future.set_result(token)
         else:
-            flight.future.set_exception(error or _FlightAborted())
-        return token
+            flight.future.set_exception(error or TokenRequestError("the token fetch failed"))
 
     def _new_token(self, response: TokenResponse, started: float, generation: int) -> AccessToken:
         lifetime = response.expires_in
+        if lifetime is not None and lifetime <= 0:
+            # A lifetime of 0 or less would make every request fetch a token. It says
+            # nothing usable, so it is treated as absent (and _run says so); a token that
+            # really is dead is caught by the reactive renewal.
+            lifetime = None
         if lifetime is None:
             lifetime = self._default_expires_in
-        lifetime = max(lifetime, 0.0)
         # Renew ahead of expiry so no request is sent with a token about to lapse, but
         # never more than half-way through the lifetime, so short tokens are still reused.
         margin = min(self._refresh_margin, lifetime / 2)

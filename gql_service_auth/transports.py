@@ -7,23 +7,25 @@ They only attach the ``Authorization`` header to each request and react to the s
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import os
 import sys
-import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar
 
 import aiohttp
-from aiohttp import ClientResponseError
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
 from gql.graphql_request import GraphQLRequest
 from gql.transport.aiohttp import AIOHTTPTransport
-from gql.transport.exceptions import TransportServerError
-from graphql import ExecutionResult
+from gql.transport.exceptions import TransportError, TransportServerError
+from gql.transport.file_upload import FileVar
+from graphql import DocumentNode, ExecutionResult, OperationDefinitionNode
 from multidict import CIMultiDict
 from tenacity import (
     AsyncRetrying,
@@ -32,6 +34,7 @@ from tenacity import (
     stop_after_attempt,
 )
 
+from . import _fork
 from ._config import check_url, join_url, read_env
 from ._constants import (
     DEFAULT_EXPIRES_IN,
@@ -41,6 +44,7 @@ from ._constants import (
     ENV_BASE_URL,
     ENV_CLIENT_ID,
     ENV_CLIENT_SECRET,
+    FETCH_GRACE,
     GRAPHQL_PATH,
     TOKEN_PATH,
     UNAUTHENTICATED,
@@ -49,7 +53,8 @@ from ._credentials import ClientCredentials
 from ._errors import ApiKeyRejectedError, ConfigurationError, UnauthenticatedError
 from ._events import AuthEvent, Emitter, EventHook
 from ._oauth2 import AiohttpFormPoster, ClientAuthMethod, ClientCredentialsGrant, RetryPolicy
-from ._tokens import AccessToken, Clock, TokenManager
+from ._redact import redact_chain, redact_text
+from ._tokens import AccessToken, Clock, RenewalPaused, RenewalSpent, TokenManager
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):
@@ -66,6 +71,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class AIOHTTPTransportOptions(TypedDict, total=False):
@@ -113,6 +119,45 @@ _API_KEY_REFUSED: Final = (
     "create new credentials in the console to use the API key"
 )
 
+# gql's transport keeps the files of an upload in one attribute per transport, opened
+# before the request and closed in a `finally` after it: concurrent uploads closed each
+# other's files. Each asyncio task has its own context, so here each upload has its own.
+_UPLOAD_FILES: ContextVar[tuple[object, dict[str, FileVar]] | None] = ContextVar(
+    "gql_service_auth_upload_files", default=None
+)
+
+# Sessions a forked child inherited. Their sockets are the parent's: closing them here
+# would break the parent's connections, and letting them be collected would warn. They
+# stay referenced, unused, for the child's life.
+_FORK_ORPHANS: list[aiohttp.ClientSession] = []
+
+# What a request sends, read off gql's GraphQLRequest before the first await: gql 3
+# style calls (execute(doc, variable_values=...)) rewrite a shared request in place.
+_Snapshot = tuple[DocumentNode, "dict[str, Any] | None", "str | None", "dict[str, Any] | None"]
+
+
+def _snapshot(request: GraphQLRequest) -> _Snapshot:
+    return request.document, request.variable_values, request.operation_name, request.extensions
+
+
+def _rebuild(snapshot: _Snapshot) -> GraphQLRequest:
+    document, variables, operation_name, extensions = snapshot
+    return GraphQLRequest(
+        document, variable_values=variables, operation_name=operation_name, extensions=extensions
+    )
+
+
+def _is_query(snapshot: _Snapshot) -> bool:
+    """Whether the operation a request runs is a query, which has no side effects."""
+    document, _, operation_name, _ = snapshot
+    operations = [
+        d
+        for d in document.definitions
+        if isinstance(d, OperationDefinitionNode)
+        and (not operation_name or (d.name is not None and d.name.value == operation_name))
+    ]
+    return len(operations) == 1 and operations[0].operation.value == "query"
+
 
 class _Refused(Exception):
     """The service refused the token and the request may be sent again."""
@@ -137,6 +182,19 @@ def _is_refusal(errors: object) -> bool:
     return False
 
 
+def _during_execution(errors: object) -> bool:
+    """Whether an error was raised while the operation ran: it has a ``path``.
+
+    GraphQL gives a field error the path of its field; an error raised before execution
+    (a refused token, a syntax error) has none. A field error on a non-null field reaches
+    the root, so an operation that ran side effects can still answer ``data: null``.
+    """
+    return isinstance(errors, list) and any(
+        isinstance(error, Mapping) and isinstance(error.get("path"), list) and error["path"]
+        for error in errors
+    )
+
+
 def _with_authorization(
     extra_args: Mapping[str, Any] | None, authorization: str
 ) -> dict[str, Any]:
@@ -154,27 +212,22 @@ def _with_authorization(
     return args
 
 
-def _scrubbed(exc: TransportServerError) -> TransportServerError:
-    # gql chains aiohttp's ClientResponseError, whose repr shows the request's headers,
-    # Authorization included. The message and status code are all a caller needs.
-    if isinstance(exc.__cause__, ClientResponseError) or isinstance(
-        exc.__context__, ClientResponseError
-    ):
-        exc.__cause__ = None
-        exc.__context__ = None
-        exc.__suppress_context__ = True
-    return exc
+async def _send(sending: Awaitable[_T]) -> _T | None:
+    """The answer of ``sending``, or ``None`` for an HTTP 401 without a GraphQL body.
 
-
-def _bare_401(exc: TransportServerError) -> None:
-    """Accept an HTTP 401 without a GraphQL body as a refusal; re-raise anything else.
-
-    Call it from the ``except`` block: the error is scrubbed first, because whatever is
-    raised next keeps it as ``__context__``, where a crash reporter would look.
+    Whatever else is raised is let through, its chain first rid of aiohttp's records of
+    the request headers (see :mod:`gql_service_auth._redact`).
     """
-    _scrubbed(exc)
-    if exc.code != 401:
-        raise exc
+    try:
+        return await sending
+    except TransportServerError as exc:
+        redact_chain(exc)
+        if exc.code != 401:
+            raise
+    except TransportError as exc:
+        redact_chain(exc)
+        raise
+    return None
 
 
 def _check_number(name: str, value: object, *, positive: bool = False) -> None:
@@ -190,38 +243,101 @@ def _check_number(name: str, value: object, *, positive: bool = False) -> None:
 
 
 class _AuthenticatingTransport(AIOHTTPTransport):
-    """What both transports share: argument checks and sending with a given header."""
+    """What both transports share: argument checks, sessions per event loop, copying."""
 
-    def __init__(self, url: str, *, allow_insecure_http: bool, options: Mapping[str, Any]) -> None:
-        self._per_thread = threading.local()
-        if options.get("auth") is not None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        allow_insecure_http: bool,
+        headers: LooseHeaders | None,
+        cookies: LooseCookies | None,
+        auth: object,
+        ssl: SSLContext | bool | Fingerprint,
+        timeout: int | None,
+        ssl_close_timeout: int | float | None,
+        json_serialize: Callable[..., str],
+        json_deserialize: Callable[..., Any],
+        client_session_args: dict[str, Any] | None,
+    ) -> None:
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        if auth is not None:
             raise ConfigurationError(
                 "auth= cannot be used with this transport: it sends its own Authorization "
                 "header, which aiohttp cannot combine with auth"
             )
-        headers = options.get("headers")
         if headers and "Authorization" in CIMultiDict(headers):
             raise ConfigurationError(
                 "headers must not contain Authorization: the transport sets it on every request"
             )
         check_url(url, what="url", allow_insecure_http=allow_insecure_http)
-        super().__init__(url, **options)
+        super().__init__(
+            url,
+            headers=headers,
+            cookies=cookies,
+            ssl=ssl,
+            timeout=timeout,
+            ssl_close_timeout=ssl_close_timeout,
+            json_serialize=json_serialize,
+            json_deserialize=json_deserialize,
+            client_session_args=client_session_args,
+        )
+        _fork.reset_in_child(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} url={self.url!r}>"
 
-    # gql's sync Client.execute connects, executes and closes in the calling thread, on that
-    # thread's event loop. With one session attribute, a second thread's connect() raised
-    # TransportAlreadyConnected, or its queries ran on the other thread's session and loop.
-    # One aiohttp session per thread lets threads share the transport, and so its token.
+    # gql's sync Client.execute connects, executes and closes on the calling thread's event
+    # loop, so one transport serves several loops. An aiohttp session belongs to the loop
+    # it was made on: one per loop lets loops and threads share the transport (and so its
+    # token), and a loop handed to another thread keeps its session.
     @property
     def session(self) -> aiohttp.ClientSession | None:
-        """This thread's aiohttp session, or ``None`` when this thread is not connected."""
-        return getattr(self._per_thread, "session", None)
+        """The running event loop's aiohttp session, or ``None`` when it is not connected."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        return self._sessions.get(loop)
 
     @session.setter
     def session(self, value: aiohttp.ClientSession | None) -> None:
-        self._per_thread.session = value
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if value is None:
+                return  # gql's __init__ clears the session before any loop exists
+            raise
+        if value is None:
+            self._sessions.pop(loop, None)
+        else:
+            self._sessions[loop] = value
+
+    @property
+    def files(self) -> dict[str, FileVar]:
+        """The files of the upload the current task is sending (gql reads and sets it)."""
+        held = _UPLOAD_FILES.get()
+        return held[1] if held is not None and held[0] is self else {}
+
+    @files.setter
+    def files(self, value: dict[str, FileVar]) -> None:
+        _UPLOAD_FILES.set((self, value))
+
+    # pickle and copy.deepcopy copy the settings, never the sessions (bound to a loop) nor
+    # the last answer's headers; the token manager drops its own runtime state.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_sessions"] = {}
+        state.pop("response_headers", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _fork.reset_in_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        _FORK_ORPHANS.extend(self._sessions.values())
+        self._sessions = {}
 
 
 class ApiKeyTransport(_AuthenticatingTransport):
@@ -233,10 +349,12 @@ class ApiKeyTransport(_AuthenticatingTransport):
 
     Args:
         url: The GraphQL endpoint, ``{base_url}/graphql``.
+        headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
+            json_deserialize, client_session_args: gql's ``AIOHTTPTransport`` arguments,
+            in gql's order; ``auth`` must stay ``None``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
         allow_insecure_http: Allow a plain ``http://`` URL to a host that is not loopback.
-        **kwargs: Any keyword of gql's ``AIOHTTPTransport`` except ``auth``.
 
     Raises:
         ConfigurationError: bad credentials format, unsafe URL, ``auth`` given, or an
@@ -246,14 +364,34 @@ class ApiKeyTransport(_AuthenticatingTransport):
     def __init__(
         self,
         url: str,
+        headers: LooseHeaders | None = None,
+        cookies: LooseCookies | None = None,
+        auth: None = None,
+        ssl: SSLContext | bool | Fingerprint = True,
+        timeout: int | None = None,
+        ssl_close_timeout: int | float | None = 10,
+        json_serialize: Callable[..., str] = json.dumps,
+        json_deserialize: Callable[..., Any] = json.loads,
+        client_session_args: dict[str, Any] | None = None,
         *,
         client_id: str,
         client_secret: str,
         allow_insecure_http: bool = False,
-        **kwargs: Unpack[AIOHTTPTransportOptions],
     ) -> None:
         self._credentials = ClientCredentials(client_id, client_secret)
-        super().__init__(url, allow_insecure_http=allow_insecure_http, options=kwargs)
+        super().__init__(
+            url,
+            allow_insecure_http=allow_insecure_http,
+            headers=headers,
+            cookies=cookies,
+            auth=auth,
+            ssl=ssl,
+            timeout=timeout,
+            ssl_close_timeout=ssl_close_timeout,
+            json_serialize=json_serialize,
+            json_deserialize=json_deserialize,
+            client_session_args=client_session_args,
+        )
 
     @classmethod
     def from_env(
@@ -278,9 +416,9 @@ class ApiKeyTransport(_AuthenticatingTransport):
             **kwargs,
         )
 
-    def _refused(
-        self, errors: list[Any] | None, data: Any, extensions: Any
-    ) -> ApiKeyRejectedError:
+    def _refused(self, answer: ExecutionResult | None) -> ApiKeyRejectedError:
+        # The service may quote the key it refused; the error must not.
+        errors, data, extensions = _answer_parts(answer, [self._credentials.client_secret])
         return ApiKeyRejectedError(
             _API_KEY_REFUSED, errors=errors, data=data, extensions=extensions
         )
@@ -297,16 +435,11 @@ class ApiKeyTransport(_AuthenticatingTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
-        authorization = _with_authorization(extra_args, self._credentials.api_key_authorization())
-        try:
-            result = await super().execute(
-                request, extra_args=authorization, upload_files=upload_files
-            )
-        except TransportServerError as exc:
-            _bare_401(exc)
-            raise self._refused(None, None, None) from None
-        if _is_refusal(result.errors):
-            raise self._refused(result.errors, result.data, result.extensions)
+        args = _with_authorization(extra_args, self._credentials.api_key_authorization())
+        parent = super().execute
+        result = await _send(parent(request, extra_args=args, upload_files=upload_files))
+        if result is None or _is_refusal(result.errors):
+            raise self._refused(result)
         return result
 
     async def execute_batch(
@@ -319,15 +452,14 @@ class ApiKeyTransport(_AuthenticatingTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
-        authorization = _with_authorization(extra_args, self._credentials.api_key_authorization())
-        try:
-            results = await super().execute_batch(reqs, extra_args=authorization)
-        except TransportServerError as exc:
-            _bare_401(exc)
-            raise self._refused(None, None, None) from None
+        args = _with_authorization(extra_args, self._credentials.api_key_authorization())
+        parent = super().execute_batch
+        results = await _send(parent(reqs, extra_args=args))
+        if results is None:
+            raise self._refused(None)
         for result in results:
             if _is_refusal(result.errors):
-                raise self._refused(result.errors, result.data, result.extensions)
+                raise self._refused(result)
         return results
 
     async def subscribe(
@@ -337,16 +469,13 @@ class ApiKeyTransport(_AuthenticatingTransport):
         extra_args: dict[str, Any] | None = None,
     ) -> AsyncGenerator[ExecutionResult, None]:
         """Subscribe over HTTP multipart with the API key; see gql's ``subscribe``."""
+        args = _with_authorization(extra_args, self._credentials.api_key_authorization())
         try:
-            async for result in super().subscribe(
-                request,
-                extra_args=_with_authorization(
-                    extra_args, self._credentials.api_key_authorization()
-                ),
-            ):
+            async for result in super().subscribe(request, extra_args=args):
                 yield result
-        except TransportServerError as exc:
-            raise _scrubbed(exc) from None
+        except TransportError as exc:
+            redact_chain(exc)
+            raise
 
 
 class OAuth2Transport(_AuthenticatingTransport):
@@ -359,6 +488,10 @@ class OAuth2Transport(_AuthenticatingTransport):
 
     Args:
         url: The GraphQL endpoint, ``{base_url}/graphql``.
+        headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
+            json_deserialize, client_session_args: gql's ``AIOHTTPTransport`` arguments,
+            in gql's order; ``auth`` must stay ``None``. ``ssl`` also applies to the
+            token endpoint; ``headers``, ``cookies`` and ``client_session_args`` do not.
         token_url: The token endpoint, ``{auth_url}/oauth2/token``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
@@ -369,19 +502,17 @@ class OAuth2Transport(_AuthenticatingTransport):
         refresh_margin: Seconds before expiry at which a token is renewed, capped at half
             its lifetime. An upload, which cannot be sent twice, asks for a token valid at
             least this long.
-        default_expires_in: Seconds a token is trusted when the server gives no
-            ``expires_in``.
+        default_expires_in: Seconds a token is trusted when the server gives no usable
+            ``expires_in`` (none, unreadable, or 0 and less).
         max_renewals: Renewals, and so re-sends, per request after a refusal; 0 never
-            re-sends.
-        retry: Bounds and backoff of the token endpoint's retries and of re-sends;
-            ``None`` means ``RetryPolicy()``.
+            re-sends. Requests refused with the same token share one renewal.
+        retry: Bounds and backoff of the token endpoint's retries, and the pause of
+            renewals while fresh tokens keep being refused; ``None`` means
+            ``RetryPolicy()``.
         on_event: Called with each :class:`~gql_service_auth.AuthEvent` (token fetched,
             retry scheduled...), e.g. to count renewals.
         clock: Monotonic clock in seconds for token lifetimes; ``time.monotonic`` when ``None``.
         allow_insecure_http: Allow plain ``http://`` URLs to hosts that are not loopback.
-        **kwargs: Any keyword of gql's ``AIOHTTPTransport`` except ``auth``. ``ssl`` also
-            applies to the token endpoint; ``headers``, ``cookies`` and
-            ``client_session_args`` do not.
 
     Raises:
         ConfigurationError: a bad argument; the message says which.
@@ -390,6 +521,15 @@ class OAuth2Transport(_AuthenticatingTransport):
     def __init__(
         self,
         url: str,
+        headers: LooseHeaders | None = None,
+        cookies: LooseCookies | None = None,
+        auth: None = None,
+        ssl: SSLContext | bool | Fingerprint = True,
+        timeout: int | None = None,
+        ssl_close_timeout: int | float | None = 10,
+        json_serialize: Callable[..., str] = json.dumps,
+        json_deserialize: Callable[..., Any] = json.loads,
+        client_session_args: dict[str, Any] | None = None,
         *,
         token_url: str,
         client_id: str,
@@ -404,7 +544,6 @@ class OAuth2Transport(_AuthenticatingTransport):
         on_event: EventHook | None = None,
         clock: Clock | None = None,
         allow_insecure_http: bool = False,
-        **kwargs: Unpack[AIOHTTPTransportOptions],
     ) -> None:
         credentials = ClientCredentials(client_id, client_secret)
         check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
@@ -414,8 +553,21 @@ class OAuth2Transport(_AuthenticatingTransport):
             raise ConfigurationError("max_renewals must be an int of at least 0")
         if scope is not None and not isinstance(scope, str):
             scope = " ".join(scope)  # RFC 6749 section 3.3: space-delimited
-        super().__init__(url, allow_insecure_http=allow_insecure_http, options=kwargs)
+        super().__init__(
+            url,
+            allow_insecure_http=allow_insecure_http,
+            headers=headers,
+            cookies=cookies,
+            auth=auth,
+            ssl=ssl,
+            timeout=timeout,
+            ssl_close_timeout=ssl_close_timeout,
+            json_serialize=json_serialize,
+            json_deserialize=json_deserialize,
+            client_session_args=client_session_args,
+        )
         self.token_url = token_url
+        self._credentials = credentials
         self._policy = retry or RetryPolicy()
         self._max_renewals = max_renewals
         self._refresh_margin = float(refresh_margin)
@@ -434,8 +586,8 @@ class OAuth2Transport(_AuthenticatingTransport):
             grant,
             refresh_margin=float(refresh_margin),
             default_expires_in=float(default_expires_in),
-            # Room for the grant's own bound plus a last request that started just before it.
-            fetch_timeout=2 * self._policy.timeout,
+            fetch_timeout=self._policy.timeout + FETCH_GRACE,
+            cooldown=self._policy.pause_after,
             clock=clock or time.monotonic,
             emit=self._emit,
         )
@@ -478,27 +630,37 @@ class OAuth2Transport(_AuthenticatingTransport):
     ) -> ExecutionResult:
         """Execute ``request`` with a valid token; see gql's ``AIOHTTPTransport.execute``.
 
+        What is sent is read off ``request`` when the call starts, as gql's own transport
+        does, so concurrent callers each send their own request, re-sends included.
+
         Raises:
-            UnauthenticatedError: the service kept refusing renewed tokens, or refused an
-                upload or a request that returned data, which are never sent twice.
+            UnauthenticatedError: the service kept refusing renewed tokens, or refused a
+                request that is never sent twice: an upload, an answer with data, or a
+                mutation refused while it ran.
             TokenRequestError: no token could be obtained.
         """
+        snapshot = _snapshot(request)
         parent = super().execute
 
-        def send(authorization: str) -> Awaitable[ExecutionResult]:
+        def send(authorization: str, payload: GraphQLRequest) -> Awaitable[ExecutionResult]:
             return parent(
-                request,
+                payload,
                 extra_args=_with_authorization(extra_args, authorization),
                 upload_files=upload_files,
             )
 
-        if upload_files:
-            # The file streams are consumed by the first send: ask for a token that will
-            # outlive the upload, and never send it again.
-            return await self._send_with_renewal(
-                send, _single, min_ttl=self._refresh_margin, resendable=False
-            )
-        return await self._send_with_renewal(send, _single)
+        def verdict(result: ExecutionResult) -> tuple[bool, str | None]:
+            return _verdict(result, snapshot, upload=upload_files)
+
+        return await self._send_with_renewal(
+            request,
+            lambda: _rebuild(snapshot),
+            send,
+            verdict,
+            # The file streams are consumed by the first send, which is never repeated:
+            # ask for a token that will outlive the upload.
+            min_ttl=self._refresh_margin if upload_files else 0.0,
+        )
 
     async def execute_batch(
         self,
@@ -507,15 +669,20 @@ class OAuth2Transport(_AuthenticatingTransport):
     ) -> list[ExecutionResult]:
         """Execute a batch with a valid token; see gql's ``AIOHTTPTransport.execute_batch``.
 
-        A refused batch is sent again only when every answer refused the token and none
-        carries data, so no operation of it can have run.
+        A refused batch is sent again only when no operation of it can have run: every
+        answer refused the token before execution, and none carries data.
         """
+        snapshots = [_snapshot(req) for req in reqs]
         parent = super().execute_batch
 
-        def send(authorization: str) -> Awaitable[list[ExecutionResult]]:
-            return parent(reqs, extra_args=_with_authorization(extra_args, authorization))
+        def send(
+            authorization: str, payload: list[GraphQLRequest]
+        ) -> Awaitable[list[ExecutionResult]]:
+            return parent(payload, extra_args=_with_authorization(extra_args, authorization))
 
-        return await self._send_with_renewal(send, _batch)
+        return await self._send_with_renewal(
+            reqs, lambda: [_rebuild(s) for s in snapshots], send, _batch_verdict
+        )
 
     async def subscribe(
         self,
@@ -527,7 +694,8 @@ class OAuth2Transport(_AuthenticatingTransport):
 
         A stream is never re-sent; a refusal drops the token so the next call renews it.
         """
-        token = await self._tokens.get()
+        request = _rebuild(_snapshot(request))
+        token = await self._token()
         try:
             async for result in super().subscribe(
                 request, extra_args=_with_authorization(extra_args, token.authorization)
@@ -535,71 +703,90 @@ class OAuth2Transport(_AuthenticatingTransport):
                 if _is_refusal(result.errors):
                     self._tokens.invalidate(token)
                 yield result
-        except TransportServerError as exc:
-            if exc.code == 401:
+        except TransportError as exc:
+            redact_chain(exc)
+            if isinstance(exc, TransportServerError) and exc.code == 401:
                 self._tokens.invalidate(token)
-            raise _scrubbed(exc) from None
+            raise
+
+    async def _token(self, *, min_ttl: float = 0.0) -> AccessToken:
+        """A token for a new request; fails at once while renewals are paused."""
+        try:
+            return await self._tokens.get(min_ttl=min_ttl)
+        except RenewalPaused as paused:
+            error = _paused(paused)
+        raise error  # outside the except block: the internal signal stays out of the chain
 
     async def _send_with_renewal(
         self,
-        send: Callable[[str], Awaitable[_T]],
-        inspect: Callable[[_T], tuple[bool, bool]],
+        payload: _R,
+        rebuild: Callable[[], _R],
+        send: Callable[[str, _R], Awaitable[_T]],
+        verdict: Callable[[_T], tuple[bool, str | None]],
         *,
         min_ttl: float = 0.0,
-        resendable: bool = True,
     ) -> _T:
         """Send with a valid token; on a refusal, drop the token and re-send, within bounds.
 
-        ``inspect`` tells of an answer whether it refuses the token and whether it may be
-        sent again: the service refuses a token before running anything, so an answer
-        without data proves nothing ran (the contract's rule, and the only reason a
-        mutation may be re-sent).
+        ``payload`` is the caller's request, sent as it is only when no ``await`` comes
+        before the send (gql serialises it synchronously); after any wait, what is sent is
+        ``rebuild()``, the snapshot taken when the call started. ``verdict`` tells of an
+        answer whether it refuses the token and, if so, why it must not be sent again
+        (``None``: it may be).
         """
         # Fast path, inlined: almost every request succeeds on its first send with a cached
         # token, and each coroutine layer or tenacity loop here costs microseconds a query.
-        token = self._tokens.fresh(min_ttl=min_ttl) or await self._tokens.get(min_ttl=min_ttl)
+        token = self._tokens.fresh(min_ttl=min_ttl)
+        if token is None:
+            payload = rebuild()
+            token = await self._token(min_ttl=min_ttl)
+        outcome = await _send(send(token.authorization, payload))
         try:
-            outcome: _T | None = await send(token.authorization)
-        except TransportServerError as exc:
-            _bare_401(exc)
-            outcome = None
-        try:
-            return self._accept(token, outcome, inspect, resendable)
-        except _Refused as first:
-            refusal = first
-        # Slow path. Tenacity's first "attempt" replays the refusal in hand, so the bound
-        # and the backoff count the original send.
-        replayed = False
+            return self._accept(token, outcome, verdict)
+        except _Refused:
+            pass
+        # Slow path: re-send the snapshot, never the caller's object, which other calls may
+        # have rewritten meanwhile. Tenacity's first "attempt" replays the refusal in hand,
+        # so the bound counts the original send; it waits out any pause of renewals.
+        payload = rebuild()
+        refused_generation = token.generation
+        last = outcome
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._max_renewals + 1),
-            wait=self._policy.backoff(),
+            wait=lambda _: self._tokens.pause_remaining(),
             retry=retry_if_exception_type(_Refused),
             before_sleep=self._before_resend,
             reraise=True,
         )
+        replayed = False
         try:
             async for attempt in retrying:
                 with attempt:
                     if not replayed:
                         replayed = True
-                        raise refusal
-                    token = await self._tokens.get(min_ttl=min_ttl)
+                        raise _Refused(last)
                     try:
-                        outcome = await send(token.authorization)
-                    except TransportServerError as exc:
-                        _bare_401(exc)
-                        outcome = None
-                    return self._accept(token, outcome, inspect, resendable)
-        except _Refused as refused:
-            raise _exhausted(refused.outcome, self._max_renewals) from None
-        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+                        token = await self._tokens.get(min_ttl=min_ttl, after=refused_generation)
+                    except (RenewalSpent, RenewalPaused):
+                        # The renewal this request would share was refused as well, or
+                        # fresh tokens keep being refused: this attempt is spent unsent.
+                        refused_generation = max(refused_generation, self._tokens.generation)
+                        raise _Refused(last) from None
+                    outcome = await _send(send(token.authorization, payload))
+                    refused_generation = token.generation
+                    last = outcome
+                    return self._accept(token, outcome, verdict)
+        except _Refused:
+            pass
+        # Raised outside the except block, so _Refused, which holds the raw answer, is not
+        # kept as the error's __context__.
+        raise _exhausted(last, self._max_renewals, [self._credentials.client_secret, token.value])
 
     def _accept(
         self,
         token: AccessToken,
         outcome: _T | None,
-        inspect: Callable[[_T], tuple[bool, bool]],
-        resendable: bool,
+        verdict: Callable[[_T], tuple[bool, str | None]],
     ) -> _T:
         """The answer, unless it refuses ``token`` (``None``: a bare HTTP 401).
 
@@ -607,16 +794,17 @@ class OAuth2Transport(_AuthenticatingTransport):
             _Refused: the token was refused and the request may be sent again.
             UnauthenticatedError: the token was refused and the request must not be re-sent.
         """
-        if outcome is None:
-            safe = True
-        else:
-            refused, safe = inspect(outcome)
+        why_not = None
+        if outcome is not None:
+            refused, why_not = verdict(outcome)
             if not refused:
+                if token.generation > self._tokens.confirmed:
+                    self._tokens.confirm(token)
                 return outcome
         # Only the first of many requests refused with this token renews it.
         self._tokens.invalidate(token)
-        if not (resendable and safe):
-            raise _not_resent(outcome, upload=not resendable)
+        if why_not is not None:
+            raise _not_resent(outcome, why_not, [self._credentials.client_secret, token.value])
         raise _Refused(outcome)
 
     def _before_resend(self, state: RetryCallState) -> None:
@@ -627,25 +815,52 @@ class OAuth2Transport(_AuthenticatingTransport):
         )
 
 
-def _single(result: ExecutionResult) -> tuple[bool, bool]:
-    return _is_refusal(result.errors), result.data is None
+def _verdict(
+    result: ExecutionResult, snapshot: _Snapshot, *, upload: bool
+) -> tuple[bool, str | None]:
+    """Whether ``result`` refuses the token, and why the request must not be re-sent."""
+    if not _is_refusal(result.errors):
+        return False, None
+    if upload:
+        return True, "it uploads files, whose streams were consumed by the first send"
+    if _during_execution(result.errors):
+        # Refused while it ran: a query has no side effects and may run again; a mutation
+        # (or a subscription) may have changed something already.
+        if _is_query(snapshot):
+            return True, None
+        return True, "the service refused it while it ran, so it may have changed something"
+    if result.data is not None:
+        return True, "the answer carried data, so part of it may have run"
+    return True, None
 
 
-def _batch(results: list[ExecutionResult]) -> tuple[bool, bool]:
+def _batch_verdict(results: list[ExecutionResult]) -> tuple[bool, str | None]:
     refusals = [_is_refusal(result.errors) for result in results]
-    return any(refusals), all(refusals) and all(result.data is None for result in results)
+    if not any(refusals):
+        return False, None
+    if all(refusals) and not any(
+        result.data is not None or _during_execution(result.errors) for result in results
+    ):
+        return True, None
+    return True, "part of the batch may have run"
 
 
-def _answer_parts(answer: object) -> tuple[list[Any] | None, Any, Any]:
+def _answer_parts(answer: object, secrets: list[str]) -> tuple[list[Any] | None, Any, Any]:
+    """The ``errors``, ``data`` and ``extensions`` of a refusal, with any secret scrubbed."""
     if isinstance(answer, list):
         answer = next((r for r in answer if _is_refusal(r.errors)), None)
-    if isinstance(answer, ExecutionResult):
-        return answer.errors, answer.data, answer.extensions
-    return None, None, None
+    if not isinstance(answer, ExecutionResult):
+        return None, None, None
+    errors = redact_text(answer.errors, secrets)
+    return (
+        errors if isinstance(errors, list) else None,
+        redact_text(answer.data, secrets),
+        redact_text(answer.extensions, secrets),
+    )
 
 
-def _exhausted(answer: object, renewals: int) -> UnauthenticatedError:
-    errors, data, extensions = _answer_parts(answer)
+def _exhausted(answer: object, renewals: int, secrets: list[str]) -> UnauthenticatedError:
+    errors, data, extensions = _answer_parts(answer, secrets)
     return UnauthenticatedError(
         f"the service refused the access token (UNAUTHENTICATED) after {renewals} renewal(s). "
         "The authorization server issues tokens the API does not accept: check that url "
@@ -657,17 +872,22 @@ def _exhausted(answer: object, renewals: int) -> UnauthenticatedError:
     )
 
 
-def _not_resent(answer: object, *, upload: bool) -> UnauthenticatedError:
-    errors, data, extensions = _answer_parts(answer)
-    why = (
-        "it uploads files, whose streams were consumed by the first send"
-        if upload
-        else "the answer carried data, so part of it may have run"
-    )
+def _not_resent(answer: object, why: str, secrets: list[str]) -> UnauthenticatedError:
+    errors, data, extensions = _answer_parts(answer, secrets)
     return UnauthenticatedError(
         f"the service refused the access token (UNAUTHENTICATED); the request was not sent "
         f"again because {why}. The token was dropped, so calling again uses a new one",
         errors=errors,
         data=data,
         extensions=extensions,
+    )
+
+
+def _paused(paused: RenewalPaused) -> UnauthenticatedError:
+    return UnauthenticatedError(
+        f"the service refused the last {paused.refusals} access tokens before accepting "
+        f"any request with them; renewals are paused for {paused.remaining:.1f} s to spare "
+        "the authorization server. Check that url and token_url belong to the same "
+        "environment (SERVICE_BASE_URL, SERVICE_AUTH_URL) and that the credentials' "
+        "project may use the API"
     )

@@ -102,16 +102,24 @@ async def test_missing_expires_in_uses_the_default_lifetime(
     assert emulator.counters.token_requests == 2
 
 
-async def test_non_positive_expires_in_means_already_expired(
-    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+@pytest.mark.parametrize("expires_in", [0, -5])
+async def test_non_positive_expires_in_is_ignored_with_a_warning(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+    expires_in: int,
 ) -> None:
-    """A token with expires_in <= 0 serves the request that fetched it, and no other."""
-    emulator.advertised_ttl = 0
-    async with Client(transport=make_oauth2()) as session:
-        await session.execute(COUNT)
-        await session.execute(COUNT)
-    assert emulator.counters.token_requests == 2
-    assert emulator.counters.unauthenticated_responses == 0
+    """expires_in <= 0 says nothing usable: the default lifetime applies, and one warning."""
+    emulator.advertised_ttl = expires_in
+    transport = make_oauth2(default_expires_in=120)
+    async with Client(transport=transport) as session:
+        for _ in range(5):
+            await session.execute(COUNT)
+    assert emulator.counters.token_requests == 1
+    assert transport.token is not None
+    assert transport.token.expires_at - transport.token.obtained_at == 120
+    ignored = [e for e in events if e.name == "token_expires_in_ignored"]
+    assert [e.expires_in for e in ignored] == [expires_in]
 
 
 async def test_fetch_events_tell_initial_from_expiring(

@@ -1,0 +1,38 @@
+"""Resetting process-local state in the child of a ``fork()``.
+
+gunicorn with ``--preload``, multiprocessing's fork start method and Celery's prefork pool
+copy a process with whatever it held: a token fetch in flight on a thread that does not
+exist in the child, a lock another thread held, aiohttp sessions whose sockets the parent
+still uses. Objects that hold such state register here and drop it in the child, as
+redis-py's connection pools do.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Protocol
+
+
+class ForkAware(Protocol):
+    """An object that drops its process-local state in a forked child."""
+
+    def _after_fork_in_child(self) -> None: ...
+
+
+_registered: weakref.WeakSet[ForkAware] = weakref.WeakSet()
+
+
+def reset_in_child(obj: ForkAware) -> None:
+    """Call ``obj._after_fork_in_child()`` in the child of every later ``fork()``."""
+    _registered.add(obj)
+
+
+def _after_fork_in_child() -> None:
+    # Only the forking thread exists here, so nothing else touches these objects now.
+    for obj in list(_registered):
+        obj._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - absent only on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
