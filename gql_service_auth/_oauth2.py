@@ -439,7 +439,7 @@ class ClientCredentialsGrant:
             # RFC 6749 section 7.1: a client must not use a token whose type it does not
             # understand. A DPoP or MAC token sent as Bearer would be refused, or worse.
             raise TokenRequestError(
-                f"the token endpoint issued a token of type {self._redact(token_type)!r}; "
+                f"the token endpoint issued a token with token_type {self._redact(token_type)!r}; "
                 "only Bearer tokens can be sent (RFC 6749 section 7.1)",
                 status=status,
                 hint="Ask the service for Bearer tokens: check token_params and scope",

@@ -1,0 +1,520 @@
+"""Runtime boundaries: abandoned fetches, fork, loops handed between threads, copies, secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import functools
+import gc
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import aiohttp
+import pytest
+from gql import Client
+from gql.transport.aiohttp import AIOHTTPTransport
+from gql.transport.exceptions import TransportConnectionFailed
+from support import COUNT, exception_chain, wait_until
+
+from gql_service_auth import (
+    ApiKeyRejectedError,
+    ApiKeyTransport,
+    AuthEvent,
+    OAuth2Transport,
+    RetryPolicy,
+    TokenRequestError,
+    UnauthenticatedError,
+)
+from gql_service_auth.emulator import Emulator
+
+NO_WAIT = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0)
+ANSWER = {"carriers": {"totalCount": 25}}
+KINDS = ["api_key", "oauth2"]
+# A status line aiohttp parses, then a header it refuses: a ClientResponseError.
+MALFORMED = b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"
+
+Outcome = tuple[threading.Thread, list[object]]
+
+
+LEFT_OPEN: list[str] = []
+"""ResourceWarnings seen by _collect_garbage during the current test."""
+
+
+def _collect_garbage() -> None:
+    """Finalize garbage now, noting its ResourceWarnings for ``no_resource_left_open``.
+
+    Left to chance, a leftover is finalized later, anywhere (even inside pytest's report of
+    a failure), where ``filterwarnings = ["error"]`` turns its warning into another error.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    LEFT_OPEN.extend(str(w.message)[:70] for w in caught if w.category is ResourceWarning)
+
+
+@pytest.fixture(autouse=True)
+def no_resource_left_open() -> Iterator[None]:
+    """Fails the test that left a socket, connection or session open."""
+    _collect_garbage()  # earlier tests' leftovers are theirs, not this test's
+    LEFT_OPEN.clear()
+    yield
+    # pytest keeps a failed test's traceback, and so its objects, in sys.last_* until the
+    # next test's call phase: drop it now, so leftovers are blamed on the test that made them.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        with contextlib.suppress(AttributeError):
+            delattr(sys, name)
+    _collect_garbage()
+    leaks = sorted(set(LEFT_OPEN))
+    assert leaks == [], "the test left these open"
+
+
+def _build(kind: str, emulator: Emulator, url: str = "", **kwargs: Any) -> AIOHTTPTransport:
+    """A transport for the emulator's recent client, built from picklable arguments only."""
+    client, url = emulator.recent_client, url or emulator.graphql_url
+    if kind == "gql":
+        key = f"SERVICE-API-KEY {client.client_id}:{client.client_secret}"
+        return AIOHTTPTransport(url, headers={"Authorization": key})
+    kwargs |= {"client_id": client.client_id, "client_secret": client.client_secret}
+    if kind == "api_key":
+        return ApiKeyTransport(url, **kwargs)
+    kwargs = {"token_url": emulator.token_url, "retry": NO_WAIT, **kwargs}
+    return OAuth2Transport(url, **kwargs)
+
+
+@contextlib.contextmanager
+def _connected(client: Client) -> Iterator[tuple[asyncio.AbstractEventLoop, Any]]:
+    """``client`` connected on a new event loop, not running; both closed on exit."""
+    loop = asyncio.new_event_loop()
+    try:
+        session = loop.run_until_complete(client.connect_async())
+        try:
+            yield loop, session
+        finally:
+            loop.run_until_complete(client.close_async())
+    finally:
+        loop.close()
+
+
+def _sync_execute(transport: AIOHTTPTransport, execute_timeout: float) -> object:
+    """gql's sync ``Client.execute`` on a new event loop, closed afterwards."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return Client(transport=transport, execute_timeout=execute_timeout).execute(COUNT)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def _start(call: Callable[[], object]) -> Outcome:
+    outcome: list[object] = []
+
+    def target() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # handed to the test by _finish
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _finish(started: Outcome, timeout: float = 10.0) -> object:
+    """What the thread's call returned or raised; fails if it runs longer than ``timeout``."""
+    thread, outcome = started
+    thread.join(timeout)
+    assert not thread.is_alive(), f"the thread still ran after {timeout} s"
+    _collect_garbage()  # what the thread's loop left behind
+    return outcome[0]
+
+
+def _poll(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _in_child(child: Callable[[], object], timeout: float) -> tuple[int, str]:
+    """Run ``child()`` in a forked process: its exit code and how it ended ("ok" or the error)."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns that a fork with threads running may deadlock the child.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        status = "ok"
+        try:
+            child()
+        except BaseException as exc:
+            status = f"{type(exc).__name__}: {exc}"
+        finally:
+            try:
+                os.write(write_end, status.encode()[:2000])
+            finally:
+                os._exit(0 if status == "ok" else 1)
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + timeout
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return -1, f"still running after {timeout} s"
+            time.sleep(0.02)
+        return os.waitstatus_to_exitcode(done[1]), os.read(read_end, 4096).decode()
+    finally:
+        os.close(read_end)
+
+
+def _asyncio_complaints(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """asyncio's error records and the ResourceWarnings, once garbage is collected."""
+    _collect_garbage()
+    records = [
+        r.getMessage().split("\n")[0]
+        for r in caplog.records
+        if r.name == "asyncio" and r.levelno >= logging.WARNING
+    ]
+    return [*records, *LEFT_OPEN]
+
+
+def _credentials(authorizations: Iterable[str]) -> list[str]:
+    """Each ``Authorization`` value sent, and the credential after its scheme word."""
+    return [part for value in authorizations for part in (value, value.partition(" ")[2]) if part]
+
+
+def _shown(exc: BaseException, secrets: Iterable[str]) -> list[str]:
+    """Where any of ``secrets`` shows: the traceback, or str, repr, vars of a link of the chain."""
+    secrets = [s for s in secrets if s]
+    assert secrets, "nothing to look for: the scan would prove nothing"
+    texts = {"traceback": "".join(traceback.format_exception(exc))}
+    for link in exception_chain(exc):
+        name = type(link).__name__
+        texts |= {f"str({name})": str(link), f"repr({name})": repr(link)}
+        texts[f"vars({name})"] = repr(vars(link))
+    return [where for where, text in texts.items() if any(s in text for s in secrets)]
+
+
+def _echo_refusal(headers: Mapping[str, str]) -> bytes:
+    """An UNAUTHENTICATED answer whose message quotes the request's Authorization header."""
+    quoted = f"refused: {headers.get('authorization')}"
+    error = {"message": quoted, "extensions": {"code": "UNAUTHENTICATED"}}
+    body = json.dumps({"data": None, "errors": [error]}).encode()
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    return head.encode() + b"\r\nConnection: close\r\n\r\n" + body
+
+
+@contextlib.asynccontextmanager
+async def _loopback(
+    answer: Callable[[Mapping[str, str]], bytes],
+) -> AsyncIterator[tuple[str, list[str]]]:
+    """A raw HTTP server on 127.0.0.1 answering ``answer(headers)`` (names lower-cased).
+
+    Yields its base URL and the ``Authorization`` values it received.
+    """
+    received: list[str] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            fields = (line.partition(":") for line in lines[1:])
+            headers = {name.strip().lower(): value.strip() for name, _, value in fields}
+            await reader.readexactly(int(headers.get("content-length") or 0))
+            if "authorization" in headers:
+                received.append(headers["authorization"])
+            writer.write(answer(headers))
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", received
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+# -- 2. Never wait on a fetch that nobody can finish ------------------------------------
+
+
+def test_a_fetch_abandoned_by_a_timed_out_sync_execute_does_not_block_other_threads(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """After a sync execute times out mid-fetch, another thread's query succeeds, one token."""
+    emulator.token_latency = 1.0
+    transport = make_oauth2(retry=RetryPolicy(timeout=20, wait_initial=0, wait_max=0))
+    assert isinstance(_finish(_start(lambda: _sync_execute(transport, 0.3))), TimeoutError)
+    began = time.monotonic()
+    assert _finish(_start(lambda: _sync_execute(transport, 6))) == ANSWER
+    assert time.monotonic() - began < 5
+    assert emulator.counters.token_requests == 1
+
+
+def test_a_caller_on_a_live_loop_outlasts_fetches_abandoned_by_short_lived_loops(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Three short-lived loops start and abandon the fetch in turn; a live loop's caller wins."""
+    emulator.token_latency = 2.0
+    transport = make_oauth2()
+
+    def short_lived() -> Outcome:
+        # asyncio.run cancels what is left on its loop once the query has timed out.
+        client = Client(transport=transport, execute_timeout=0.5)
+        return _start(lambda: asyncio.run(client.execute_async(COUNT)))
+
+    def until_it_fetches_or_ends(fetches: int, thread: threading.Thread) -> None:
+        _poll(lambda: emulator.counters.token_requests == fetches or not thread.is_alive())
+
+    loop = asyncio.new_event_loop()
+    try:
+        abandoning = short_lived()
+        assert _poll(lambda: emulator.counters.token_requests == 1)
+        client = Client(transport=transport, execute_timeout=20)
+        caller = loop.create_task(client.execute_async(COUNT))
+        loop.run_until_complete(asyncio.sleep(0.1))  # the caller now waits for that fetch
+        for fetches in (2, 3):
+            # The caller's loop is busy (here: not stepped) while one short-lived loop ends
+            # and the next one calls: a moment any loop doing real work has.
+            _finish(abandoning)
+            abandoning = short_lived()
+            until_it_fetches_or_ends(fetches, abandoning[0])
+            loop.run_until_complete(asyncio.sleep(0.1))
+        _finish(abandoning)
+        result = loop.run_until_complete(asyncio.wait_for(caller, 10))
+    finally:
+        loop.close()
+    assert result == ANSWER
+
+
+def test_a_forked_child_does_not_wait_on_the_parents_fetch(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Forked while another thread's fetch is in flight, the child's first query succeeds."""
+    emulator.token_latency = 1.0
+    transport = make_oauth2()
+    fetching = _start(lambda: _sync_execute(transport, 5))
+    try:
+        assert _poll(lambda: emulator.counters.token_requests == 1)
+        child = _in_child(lambda: _sync_execute(transport, 5), timeout=8)
+    finally:
+        _finish(fetching)
+    assert child == (0, "ok")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_forked_child_does_not_reuse_the_parents_connected_session(
+    emulator: Emulator, kind: str
+) -> None:
+    """Forked inside a connected session on the forking thread, the child's own query succeeds."""
+    transport = _build(kind, emulator)
+    with _connected(Client(transport=transport, execute_timeout=3)) as (loop, session):
+        loop.run_until_complete(session.execute(COUNT))
+        child = _in_child(lambda: _sync_execute(transport, 5), timeout=8)
+        try:  # the parent's session must be unharmed by whatever the child did
+            after: object = loop.run_until_complete(session.execute(COUNT))
+        except Exception as exc:  # shown by the assertion below
+            after = exc
+    assert (child, after) == ((0, "ok"), ANSWER)
+
+
+async def test_no_asyncio_error_is_logged_when_cancelled_callers_leave_a_failing_fetch(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """All callers are cancelled mid-fetch, then the fetch fails: asyncio logs nothing."""
+    emulator.token_latency = 0.3
+    emulator.fail_token_requests(5, 400)
+    async with Client(transport=make_oauth2()) as session:
+        callers = [asyncio.ensure_future(session.execute(COUNT)) for _ in range(5)]
+        await wait_until(lambda: emulator.counters.token_requests > 0)
+        for caller in callers:
+            caller.cancel()
+        await asyncio.gather(*callers, return_exceptions=True)
+        del callers, caller  # their tracebacks would keep what asyncio may complain of alive
+        # The emulator records a token request once it has waited and answers it (400).
+        await wait_until(lambda: any(r.path == "/oauth2/token" for r in emulator.requests))
+        await asyncio.sleep(0.1)
+    assert emulator.counters.token_requests == 1
+    assert _asyncio_complaints(caplog) == []
+
+
+def test_no_asyncio_error_is_logged_when_a_timed_out_sync_execute_abandons_a_fetch(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sync execute times out mid-fetch and its loop closes: asyncio logs nothing."""
+    emulator.token_latency = 0.5
+    call = functools.partial(_sync_execute, make_oauth2(), 0.2)
+    assert isinstance(_finish(_start(call)), TimeoutError)
+    _poll(lambda: bool(events), 2)  # where the fetch can still finish, let it
+    del call  # the last reference to the transport
+    assert _asyncio_complaints(caplog) == []
+
+
+async def test_a_hanging_token_endpoint_fails_with_token_request_error_within_gqls_timeout(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Default RetryPolicy, gql's default execute_timeout: a hanging endpoint ends in our error."""
+    emulator.token_latency = 30
+    with pytest.raises(TokenRequestError):
+        async with Client(transport=make_oauth2(retry=RetryPolicy())) as session:
+            await session.execute(COUNT)
+
+
+# -- 5. Secrets, everywhere an exception can carry them -------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_redirect_loop_error_shows_no_credential(emulator: Emulator, kind: str) -> None:
+    """aiohttp's TooManyRedirects under gql's TransportConnectionFailed holds no credential."""
+    emulator.fail_graphql_requests(20, 307, headers={"Location": emulator.graphql_url})
+    with pytest.raises(TransportConnectionFailed) as info:
+        async with Client(transport=_build(kind, emulator)) as session:
+            await session.execute(COUNT)
+    sent = [r.headers.get("Authorization", "") for r in emulator.requests if r.path == "/graphql"]
+    secrets = [emulator.recent_client.client_secret, *_credentials(sent)]
+    assert _shown(info.value, secrets) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_malformed_graphql_answer_error_shows_no_credential(
+    emulator: Emulator, kind: str
+) -> None:
+    """aiohttp's ClientResponseError under gql's TransportConnectionFailed holds no credential."""
+    async with _loopback(lambda _: MALFORMED) as (url, received):
+        with pytest.raises(TransportConnectionFailed) as info:
+            async with Client(transport=_build(kind, emulator, url + "/graphql")) as session:
+                await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(received)]
+    assert _shown(info.value, secrets) == []
+
+
+async def test_a_malformed_token_answer_error_shows_no_basic_credentials(
+    emulator: Emulator,
+) -> None:
+    """With client_secret_basic, a malformed token answer raises TokenRequestError, no secret."""
+    async with _loopback(lambda _: MALFORMED) as (url, received):
+        basic = {"token_url": url + "/oauth2/token", "token_auth_method": "client_secret_basic"}
+        with pytest.raises(TokenRequestError) as info:
+            async with Client(transport=_build("oauth2", emulator, **basic)) as session:
+                await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(received)]
+    assert _shown(info.value, secrets) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"), [("api_key", ApiKeyRejectedError), ("oauth2", UnauthenticatedError)]
+)
+async def test_a_credential_echoed_by_the_api_is_scrubbed_from_our_error(
+    emulator: Emulator, caplog: pytest.LogCaptureFixture, kind: str, error: type[Exception]
+) -> None:
+    """A refusal quoting the API key or token raises our error, whose errors hold neither."""
+    # gql's own transport logs every answer's body at DEBUG; the scan here is of our errors.
+    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")
+    async with _loopback(_echo_refusal) as (url, received):
+        with pytest.raises(error) as info:
+            async with Client(transport=_build(kind, emulator, url + "/graphql")) as session:
+                await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(received)]
+    assert _shown(info.value, secrets) == []
+
+
+# -- 7. Drop-in, the rest --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["gql", *KINDS])
+def test_a_session_connected_on_a_loop_serves_another_thread_running_that_loop(
+    emulator: Emulator, kind: str
+) -> None:
+    """Connected on loop L in one thread, the session executes when another thread runs L."""
+    with _connected(Client(transport=_build(kind, emulator))) as (loop, session):
+        result = _finish(_start(lambda: loop.run_until_complete(session.execute(COUNT))))
+    assert result == ANSWER
+
+
+@pytest.mark.parametrize("kind", ["gql", *KINDS])
+def test_closing_on_the_loop_from_another_thread_closes_the_session(
+    emulator: Emulator, kind: str
+) -> None:
+    """Connected on loop L in one thread and closed on L by another, no session stays open."""
+    transport = _build(kind, emulator)
+    client = Client(transport=transport)
+
+    async def session_of_this_loop() -> aiohttp.ClientSession | None:
+        return transport.session
+
+    with _connected(client) as (loop, _):
+        opened = loop.run_until_complete(session_of_this_loop())
+        assert opened is not None
+        try:
+            assert _finish(_start(lambda: loop.run_until_complete(client.close_async()))) is None
+            assert opened.closed
+        finally:
+            loop.run_until_complete(opened.close())  # a no-op once closed
+
+
+COPIERS = [
+    pytest.param(lambda transport: pickle.loads(pickle.dumps(transport)), id="pickle"),
+    pytest.param(copy.deepcopy, id="deepcopy"),
+]
+
+
+@pytest.mark.parametrize("copier", COPIERS)
+@pytest.mark.parametrize("kind", ["gql", *KINDS])
+async def test_a_copied_transport_runs_a_query(
+    emulator: Emulator, kind: str, copier: Callable[[Any], AIOHTTPTransport]
+) -> None:
+    """A pickled or deep-copied transport runs a query, as gql's own transport does."""
+    async with Client(transport=copier(_build(kind, emulator))) as session:
+        assert await session.execute(COUNT) == ANSWER
+
+
+@pytest.mark.parametrize("copier", COPIERS)
+async def test_a_copy_of_a_used_oauth2_transport_fetches_its_own_token(
+    emulator: Emulator, copier: Callable[[Any], AIOHTTPTransport]
+) -> None:
+    """A copy of an OAuth2Transport holding a token drops it and fetches its own."""
+    original = _build("oauth2", emulator)
+    async with Client(transport=original) as session:
+        await session.execute(COUNT)
+    async with Client(transport=copier(original)) as session:
+        assert await session.execute(COUNT) == ANSWER
+    assert emulator.counters.token_requests == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_gqls_positional_arguments_are_accepted_in_gqls_order(
+    emulator: Emulator, kind: str
+) -> None:
+    """headers, cookies, auth, ssl, timeout... given positionally as to gql reach the request."""
+    gql_args = ({"X-Trace": "1"}, {"trace": "c"}, None, True, 10, 10, json.dumps, json.loads, None)
+    client = emulator.recent_client
+    keywords = {"client_id": client.client_id, "client_secret": client.client_secret}
+    if kind == "oauth2":
+        keywords |= {"token_url": emulator.token_url}
+    cls = ApiKeyTransport if kind == "api_key" else OAuth2Transport
+    transport = cls(emulator.graphql_url, *gql_args, **keywords)
+    async with Client(transport=transport) as session:
+        assert await session.execute(COUNT) == ANSWER
+    sent = [r.headers for r in emulator.requests if r.path == "/graphql"]
+    assert [(h.get("X-Trace"), h.get("Cookie")) for h in sent] == [("1", "trace=c")]
