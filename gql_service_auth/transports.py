@@ -212,21 +212,24 @@ def _with_authorization(
     return args
 
 
-async def _send(sending: Awaitable[_T]) -> _T | None:
-    """The answer of ``sending``, or ``None`` for an HTTP 401 without a GraphQL body.
+def _bare_401(exc: TransportError) -> None:
+    """Accept an HTTP 401 without a GraphQL body as a refusal; re-raise anything else.
 
-    Whatever else is raised is let through, its chain first rid of aiohttp's records of
-    the request headers (see :mod:`gql_service_auth._redact`).
+    Call it from the ``except`` block. Whatever is raised keeps aiohttp's record of the
+    request in its chain, so that record is first rid of the credential headers (see
+    :mod:`gql_service_auth._redact`).
     """
+    redact_chain(exc)
+    if not (isinstance(exc, TransportServerError) and exc.code == 401):
+        raise exc
+
+
+async def _sent(sending: Awaitable[_T]) -> _T | None:
+    """The answer of ``sending``, or ``None`` for an HTTP 401 without a GraphQL body."""
     try:
         return await sending
-    except TransportServerError as exc:
-        redact_chain(exc)
-        if exc.code != 401:
-            raise
     except TransportError as exc:
-        redact_chain(exc)
-        raise
+        _bare_401(exc)
     return None
 
 
@@ -436,9 +439,12 @@ class ApiKeyTransport(_AuthenticatingTransport):
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
         args = _with_authorization(extra_args, self._credentials.api_key_authorization())
-        parent = super().execute
-        result = await _send(parent(request, extra_args=args, upload_files=upload_files))
-        if result is None or _is_refusal(result.errors):
+        try:
+            result = await super().execute(request, extra_args=args, upload_files=upload_files)
+        except TransportError as exc:
+            _bare_401(exc)
+            raise self._refused(None) from None
+        if _is_refusal(result.errors):
             raise self._refused(result)
         return result
 
@@ -453,10 +459,11 @@ class ApiKeyTransport(_AuthenticatingTransport):
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
         args = _with_authorization(extra_args, self._credentials.api_key_authorization())
-        parent = super().execute_batch
-        results = await _send(parent(reqs, extra_args=args))
-        if results is None:
-            raise self._refused(None)
+        try:
+            results = await super().execute_batch(reqs, extra_args=args)
+        except TransportError as exc:
+            _bare_401(exc)
+            raise self._refused(None) from None
         for result in results:
             if _is_refusal(result.errors):
                 raise self._refused(result)
@@ -640,6 +647,29 @@ class OAuth2Transport(_AuthenticatingTransport):
             TokenRequestError: no token could be obtained.
         """
         snapshot = _snapshot(request)
+        # An upload's file streams are consumed by the first send, which is never
+        # repeated: it asks for a token that will outlive it.
+        min_ttl = self._refresh_margin if upload_files else 0.0
+        token = self._tokens.fresh(min_ttl=min_ttl)
+        first: tuple[AccessToken, ExecutionResult | None] | None = None
+        if token is not None:
+            # Fast path, inlined: almost every request succeeds on its first send with a
+            # cached token, and each coroutine layer or closure here costs a query time.
+            # No await comes before gql serialises the request, so the caller's object
+            # is what the snapshot holds.
+            args = _with_authorization(extra_args, token.authorization)
+            try:
+                result: ExecutionResult | None = await super().execute(
+                    request, extra_args=args, upload_files=upload_files
+                )
+            except TransportError as exc:
+                _bare_401(exc)
+                result = None
+            if result is not None and not _is_refusal(result.errors):
+                if token.generation > self._tokens.confirmed:
+                    self._tokens.confirm(token)
+                return result
+            first = (token, result)
         parent = super().execute
 
         def send(authorization: str, payload: GraphQLRequest) -> Awaitable[ExecutionResult]:
@@ -653,13 +683,7 @@ class OAuth2Transport(_AuthenticatingTransport):
             return _verdict(result, snapshot, upload=upload_files)
 
         return await self._send_with_renewal(
-            request,
-            lambda: _rebuild(snapshot),
-            send,
-            verdict,
-            # The file streams are consumed by the first send, which is never repeated:
-            # ask for a token that will outlive the upload.
-            min_ttl=self._refresh_margin if upload_files else 0.0,
+            lambda: _rebuild(snapshot), send, verdict, first=first, min_ttl=min_ttl
         )
 
     async def execute_batch(
@@ -681,7 +705,7 @@ class OAuth2Transport(_AuthenticatingTransport):
             return parent(payload, extra_args=_with_authorization(extra_args, authorization))
 
         return await self._send_with_renewal(
-            reqs, lambda: [_rebuild(s) for s in snapshots], send, _batch_verdict
+            lambda: [_rebuild(s) for s in snapshots], send, _batch_verdict, first=None
         )
 
     async def subscribe(
@@ -719,36 +743,33 @@ class OAuth2Transport(_AuthenticatingTransport):
 
     async def _send_with_renewal(
         self,
-        payload: _R,
         rebuild: Callable[[], _R],
         send: Callable[[str, _R], Awaitable[_T]],
         verdict: Callable[[_T], tuple[bool, str | None]],
         *,
+        first: tuple[AccessToken, _T | None] | None,
         min_ttl: float = 0.0,
     ) -> _T:
         """Send with a valid token; on a refusal, drop the token and re-send, within bounds.
 
-        ``payload`` is the caller's request, sent as it is only when no ``await`` comes
-        before the send (gql serialises it synchronously); after any wait, what is sent is
-        ``rebuild()``, the snapshot taken when the call started. ``verdict`` tells of an
-        answer whether it refuses the token and, if so, why it must not be sent again
-        (``None``: it may be).
+        What is sent is ``rebuild()``, the snapshot taken when the call started: the
+        caller's object may be rewritten by other calls while this one waits. ``first``
+        is the token and answer of a send already made (``None``: no send yet).
+        ``verdict`` tells of an answer whether it refuses the token and, if so, why it must
+        not be sent again (``None``: it may be).
         """
-        # Fast path, inlined: almost every request succeeds on its first send with a cached
-        # token, and each coroutine layer or tenacity loop here costs microseconds a query.
-        token = self._tokens.fresh(min_ttl=min_ttl)
-        if token is None:
-            payload = rebuild()
+        payload = rebuild()
+        if first is None:
             token = await self._token(min_ttl=min_ttl)
-        outcome = await _send(send(token.authorization, payload))
+            outcome = await _sent(send(token.authorization, payload))
+        else:
+            token, outcome = first
         try:
             return self._accept(token, outcome, verdict)
         except _Refused:
             pass
-        # Slow path: re-send the snapshot, never the caller's object, which other calls may
-        # have rewritten meanwhile. Tenacity's first "attempt" replays the refusal in hand,
-        # so the bound counts the original send; it waits out any pause of renewals.
-        payload = rebuild()
+        # Tenacity's first "attempt" replays the refusal in hand, so the bound counts the
+        # original send; it waits out any pause of renewals before each re-send.
         refused_generation = token.generation
         last = outcome
         retrying = AsyncRetrying(
@@ -772,7 +793,7 @@ class OAuth2Transport(_AuthenticatingTransport):
                         # fresh tokens keep being refused: this attempt is spent unsent.
                         refused_generation = max(refused_generation, self._tokens.generation)
                         raise _Refused(last) from None
-                    outcome = await _send(send(token.authorization, payload))
+                    outcome = await _sent(send(token.authorization, payload))
                     refused_generation = token.generation
                     last = outcome
                     return self._accept(token, outcome, verdict)
