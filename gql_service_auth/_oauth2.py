@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from ssl import SSLContext
 from typing import Literal, Protocol, TypeAlias
+from urllib.parse import quote_plus
 
 import aiohttp
 from aiohttp.client_reqrep import Fingerprint
@@ -378,8 +379,12 @@ class ClientCredentialsGrant:
         )
 
     def _redact(self, text: str) -> str:
-        # A server may echo what it was sent; the secret must not reach a message.
-        text = text.replace(self._credentials.client_secret, "***")
+        # A server may echo what it was sent, in any of the forms it was sent in: the
+        # secret must not reach a message.
+        secret = self._credentials.client_secret
+        basic = self._credentials.basic_authorization().partition(" ")[2]
+        for sent in (secret, quote_plus(secret), basic):
+            text = text.replace(sent, "***")
         if len(text) > MAX_SERVER_TEXT:
             text = text[:MAX_SERVER_TEXT] + "..."
         return text

@@ -44,17 +44,35 @@ def _redacted_info(info: RequestInfo) -> RequestInfo:
     return RequestInfo(info.url, info.method, CIMultiDictProxy(headers), info.real_url)
 
 
-def redact_chain(exc: BaseException) -> None:
-    """Blank the credential headers of every aiohttp request record in ``exc``'s chain.
+def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
+    """Rid every exception in ``exc``'s chain of credentials, in place.
 
-    Covers the exceptions themselves and the responses of their redirect ``history``.
+    Blanks the credential headers of aiohttp's request records (the exceptions' own and
+    those of their redirect ``history``), and replaces each of ``secrets`` in the
+    exceptions' messages and attributes: a proxy or a debug page may echo the request,
+    and gql puts a body it cannot parse into its error message.
     """
+    needles = [s for s in secrets if s]
     for link in _chain(exc):
         if isinstance(link, ClientResponseError):
             link.request_info = _redacted_info(link.request_info)
             for response in link.history:
                 # The record a redirect's response keeps of the request that caused it.
                 response._request_info = _redacted_info(response.request_info)
+        if needles:
+            _scrub_exception(link, needles)
+
+
+def _scrub_exception(link: BaseException, needles: list[str]) -> None:
+    scrubbed_args = tuple(_replace(arg, needles) for arg in link.args)
+    if scrubbed_args != link.args:
+        link.args = scrubbed_args
+    for name, value in list(getattr(link, "__dict__", {}).items()):
+        # JSONDecodeError.doc holds the whole body; gql's errors hold the answer's parts.
+        if isinstance(value, (str, dict, list)):
+            scrubbed = _replace(value, needles)
+            if scrubbed != value:
+                setattr(link, name, scrubbed)
 
 
 def redact_text(value: object, secrets: Iterable[str]) -> object:

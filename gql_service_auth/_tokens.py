@@ -8,7 +8,7 @@ Concurrency model. gql's sync ``Client.execute`` runs each call on a loop of the
 thread and abandons that loop when ``execute_timeout`` strikes, so a fetch run on a
 caller's loop can be left pending forever, and a forked child inherits fetches whose
 thread it does not have. So no fetch runs on a caller's loop: each runs in a short-lived
-daemon thread with an event loop of its own (``asyncio.run``), bounded in time, and is
+daemon thread with an event loop of its own, bounded in time, and is
 published as a ``concurrent.futures.Future`` that a coroutine on any loop can await.
 Callers only wait; a caller that is cancelled or times out leaves the fetch to finish
 for the others. The state is guarded by a ``threading.Lock`` held only for a few
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -143,7 +144,22 @@ def _settle(waiter: asyncio.Future[AccessToken], done: concurrent.futures.Future
     if error is None:
         waiter.set_result(done.result())
     else:
-        waiter.set_exception(error)
+        waiter.set_exception(_own_copy(error))
+
+
+def _own_copy(error: BaseException) -> BaseException:
+    """A copy of a fetch's error for one waiter.
+
+    Raising one object in many callers would give it the ``__context__`` of whichever
+    raised it last, so one caller's exception in flight would show in another's chain.
+    """
+    try:
+        clone = copy.copy(error)
+    except Exception:  # an exception class that cannot be rebuilt from its args
+        return error
+    clone.__cause__ = error.__cause__
+    clone.__suppress_context__ = error.__suppress_context__
+    return clone.with_traceback(error.__traceback__)
 
 
 class TokenManager:
@@ -196,6 +212,8 @@ class TokenManager:
         self.confirmed = 0
         self._fresh_refusals = 0
         self._paused_until = 0.0  # time.monotonic(): a rate limit in real time
+        # Fetches that fell back to a caller's loop: the loop keeps only weak references.
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
@@ -337,9 +355,17 @@ class TokenManager:
         future.set_running_or_notify_cancel()
         flight = _Flight(future, reason)
         self._flight = flight
-        threading.Thread(
+        thread = threading.Thread(
             target=self._run, args=(flight,), name="gql-service-auth-token", daemon=True
-        ).start()
+        )
+        try:
+            thread.start()
+        except RuntimeError:
+            # No thread to be had (a pids limit, or Python 3.12+ at interpreter shutdown):
+            # fetch on the caller's loop, as a task the others can still wait for.
+            task = asyncio.get_running_loop().create_task(self._fly(flight))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return flight
 
     async def _wait(self, flight: _Flight) -> AccessToken:
@@ -353,31 +379,63 @@ class TokenManager:
         flight.future.add_done_callback(relay)
         return await waiter
 
-    async def _bounded_fetch(self) -> TokenResponse:
-        try:
-            return await asyncio.wait_for(self._fetch(), self._fetch_timeout)
-        except asyncio.TimeoutError:
-            raise TokenRequestError(
-                f"the token fetch did not finish within {self._fetch_timeout:g} s",
-                retryable=True,
-                hint="The token endpoint is too slow; check token_url and the network",
-            ) from None
-
     def _run(self, flight: _Flight) -> None:
-        """The fetch's thread: one event loop, one fetch, then the loop is closed."""
-        started = self._clock()
+        """The fetch's thread: a loop of its own for one fetch, closed afterwards.
+
+        Not asyncio.run: its teardown waits for the loop's default executor, where
+        aiohttp's resolver may still be stuck in getaddrinfo long after the fetch timed
+        out; and libraries (nest_asyncio) replace it with one that needs a main thread.
+        The outcome is published inside the fetch, before any teardown.
+        """
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._fly(flight))
+        finally:
+            try:
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()  # shuts the default executor down without waiting for it
+
+    async def _fly(self, flight: _Flight) -> None:
+        """Fetch once, bounded in time, and publish the outcome whatever happens."""
         began = time.monotonic()
         try:
-            response = asyncio.run(self._bounded_fetch())
+            started = self._clock()
+            response = await asyncio.wait_for(self._fetch(), self._fetch_timeout)
         except BaseException as exc:
-            self._land(flight, None, exc)
+            error: BaseException = exc
+            if isinstance(exc, asyncio.TimeoutError):
+                error = TokenRequestError(
+                    f"the token fetch did not finish within {self._fetch_timeout:g} s",
+                    retryable=True,
+                    hint="The token endpoint is too slow; check token_url and the network",
+                )
+            elif isinstance(exc, asyncio.CancelledError):
+                # Only a fetch that fell back to a caller's loop can be cancelled: by that
+                # loop shutting down. Its other waiters may call again.
+                error = TokenRequestError(
+                    "the token fetch was cancelled", retryable=True, hint="Call again"
+                )
+            elif not isinstance(exc, TokenRequestError) and isinstance(exc, Exception):
+                error = TokenRequestError(
+                    f"the token fetch failed ({type(exc).__name__})",
+                    retryable=True,
+                    hint="This is a bug or an unexpected environment; call again",
+                )
+                error.__cause__ = exc
+            self._land(flight, None, error)
             self._emit(
                 AuthEvent(
                     "token_request_failed",
                     reason=flight.reason,
                     duration=time.monotonic() - began,
-                    status=getattr(exc, "status", None),
-                    error=getattr(exc, "error", None) or type(exc).__name__,
+                    status=getattr(error, "status", None),
+                    error=getattr(error, "error", None) or type(exc).__name__,
                 )
             )
             if not isinstance(exc, Exception):

@@ -126,10 +126,11 @@ _UPLOAD_FILES: ContextVar[tuple[object, dict[str, FileVar]] | None] = ContextVar
     "gql_service_auth_upload_files", default=None
 )
 
-# Sessions a forked child inherited. Their sockets are the parent's: closing them here
-# would break the parent's connections, and letting them be collected would warn. They
-# stay referenced, unused, for the child's life.
-_FORK_ORPHANS: list[aiohttp.ClientSession] = []
+# Connectors a forked child inherited with its parent's sessions. Their sockets are the
+# parent's, registered in an epoll instance parent and child share: closing them here
+# would unregister them for the parent too. They stay referenced, unused, for the
+# child's life.
+_FORK_ORPHANS: list[aiohttp.BaseConnector] = []
 
 # What a request sends, read off gql's GraphQLRequest before the first await: gql 3
 # style calls (execute(doc, variable_values=...)) rewrite a shared request in place.
@@ -137,7 +138,25 @@ _Snapshot = tuple[DocumentNode, "dict[str, Any] | None", "str | None", "dict[str
 
 
 def _snapshot(request: GraphQLRequest) -> _Snapshot:
-    return request.document, request.variable_values, request.operation_name, request.extensions
+    variables, extensions = request.variable_values, request.extensions
+    return (
+        request.document,
+        _copied(variables) if variables else variables,
+        request.operation_name,
+        _copied(extensions) if extensions else extensions,
+    )
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with its dicts and lists copied, so changes to the caller's do not reach it.
+
+    Leaves are kept as they are: a ``FileVar`` must stay the object whose stream is sent.
+    """
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
 
 
 def _rebuild(snapshot: _Snapshot) -> GraphQLRequest:
@@ -189,9 +208,9 @@ def _during_execution(errors: object) -> bool:
     (a refused token, a syntax error) has none. A field error on a non-null field reaches
     the root, so an operation that ran side effects can still answer ``data: null``.
     """
+    # Any path at all counts, whatever its shape: a wrong guess here re-runs a mutation.
     return isinstance(errors, list) and any(
-        isinstance(error, Mapping) and isinstance(error.get("path"), list) and error["path"]
-        for error in errors
+        isinstance(error, Mapping) and error.get("path") is not None for error in errors
     )
 
 
@@ -212,24 +231,24 @@ def _with_authorization(
     return args
 
 
-def _bare_401(exc: TransportError) -> None:
+def _bare_401(exc: TransportError, secrets: Sequence[str]) -> None:
     """Accept an HTTP 401 without a GraphQL body as a refusal; re-raise anything else.
 
     Call it from the ``except`` block. Whatever is raised keeps aiohttp's record of the
-    request in its chain, so that record is first rid of the credential headers (see
-    :mod:`gql_service_auth._redact`).
+    request in its chain, and what the server echoed, so the chain is first rid of the
+    credential headers and of ``secrets`` (see :mod:`gql_service_auth._redact`).
     """
-    redact_chain(exc)
+    redact_chain(exc, secrets)
     if not (isinstance(exc, TransportServerError) and exc.code == 401):
         raise exc
 
 
-async def _sent(sending: Awaitable[_T]) -> _T | None:
+async def _sent(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | None:
     """The answer of ``sending``, or ``None`` for an HTTP 401 without a GraphQL body."""
     try:
         return await sending
     except TransportError as exc:
-        _bare_401(exc)
+        _bare_401(exc, secrets)
     return None
 
 
@@ -339,7 +358,15 @@ class _AuthenticatingTransport(AIOHTTPTransport):
         _fork.reset_in_child(self)
 
     def _after_fork_in_child(self) -> None:
-        _FORK_ORPHANS.extend(self._sessions.values())
+        for session in self._sessions.values():
+            connector = session.connector
+            session.detach()  # closed, as far as the session goes, with nothing shut down
+            if connector is not None:
+                # Its finalizer would close the parent's transports (above); marked closed,
+                # it leaves them alone. A private flag, the one aiohttp's own close() sets.
+                if hasattr(connector, "_closed"):
+                    connector._closed = True
+                _FORK_ORPHANS.append(connector)
         self._sessions = {}
 
 
@@ -442,7 +469,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
         try:
             result = await super().execute(request, extra_args=args, upload_files=upload_files)
         except TransportError as exc:
-            _bare_401(exc)
+            _bare_401(exc, [self._credentials.client_secret])
             raise self._refused(None) from None
         if _is_refusal(result.errors):
             raise self._refused(result)
@@ -462,7 +489,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
         try:
             results = await super().execute_batch(reqs, extra_args=args)
         except TransportError as exc:
-            _bare_401(exc)
+            _bare_401(exc, [self._credentials.client_secret])
             raise self._refused(None) from None
         for result in results:
             if _is_refusal(result.errors):
@@ -481,7 +508,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
             async for result in super().subscribe(request, extra_args=args):
                 yield result
         except TransportError as exc:
-            redact_chain(exc)
+            redact_chain(exc, [self._credentials.client_secret])
             raise
 
 
@@ -663,7 +690,7 @@ class OAuth2Transport(_AuthenticatingTransport):
                     request, extra_args=args, upload_files=upload_files
                 )
             except TransportError as exc:
-                _bare_401(exc)
+                _bare_401(exc, [self._credentials.client_secret, token.value])
                 result = None
             if result is not None and not _is_refusal(result.errors):
                 if token.generation > self._tokens.confirmed:
@@ -728,7 +755,7 @@ class OAuth2Transport(_AuthenticatingTransport):
                     self._tokens.invalidate(token)
                 yield result
         except TransportError as exc:
-            redact_chain(exc)
+            redact_chain(exc, [self._credentials.client_secret, token.value])
             if isinstance(exc, TransportServerError) and exc.code == 401:
                 self._tokens.invalidate(token)
             raise
@@ -761,7 +788,10 @@ class OAuth2Transport(_AuthenticatingTransport):
         payload = rebuild()
         if first is None:
             token = await self._token(min_ttl=min_ttl)
-            outcome = await _sent(send(token.authorization, payload))
+            outcome = await _sent(
+                send(token.authorization, payload),
+                [self._credentials.client_secret, token.value],
+            )
         else:
             token, outcome = first
         try:
@@ -793,7 +823,10 @@ class OAuth2Transport(_AuthenticatingTransport):
                         # fresh tokens keep being refused: this attempt is spent unsent.
                         refused_generation = max(refused_generation, self._tokens.generation)
                         raise _Refused(last) from None
-                    outcome = await _sent(send(token.authorization, payload))
+                    outcome = await _sent(
+                        send(token.authorization, payload),
+                        [self._credentials.client_secret, token.value],
+                    )
                     refused_generation = token.generation
                     last = outcome
                     return self._accept(token, outcome, verdict)
@@ -822,6 +855,11 @@ class OAuth2Transport(_AuthenticatingTransport):
                 if token.generation > self._tokens.confirmed:
                     self._tokens.confirm(token)
                 return outcome
+        answers = outcome if isinstance(outcome, list) else [outcome]
+        if any(isinstance(a, ExecutionResult) and _during_execution(a.errors) for a in answers):
+            # Refused while it ran: the token was accepted to start with, so this is no
+            # fresh token refused, and must not pause renewals.
+            self._tokens.confirm(token)
         # Only the first of many requests refused with this token renews it.
         self._tokens.invalidate(token)
         if why_not is not None:

@@ -189,6 +189,30 @@ async def test_concurrent_uploads_on_a_valid_token_do_not_close_each_others_file
     assert emulator.counters.mutations_run == 5
 
 
+@pytest.mark.parametrize("revoked", [False, True], ids=["cold", "re-sent"])
+async def test_a_callers_later_change_to_its_variables_does_not_reach_what_it_sends(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], revoked: bool
+) -> None:
+    """One variables dict changed after each call started: each sends, and re-sends, its own."""
+    shared = gql(RENAME_ANY)
+    variables: dict[str, str] = {}
+    wanted = [{"id": carrier_id(i), "name": f"Name {i}"} for i in range(1, 6)]
+    async with Client(transport=make_oauth2()) as session:
+        if revoked:
+            await session.execute(COUNT)
+            emulator.revoke_tokens()  # each first send is refused, then re-sent
+        emulator.token_latency = 0.1
+        calls = []
+        for args in wanted:
+            variables.update(args)
+            request = GraphQLRequest(shared, variable_values=variables)
+            calls.append(asyncio.ensure_future(session.execute(request)))
+            await asyncio.sleep(0)  # the call has started
+        await bounded(*calls)
+    ran = sorted(emulator.mutations, key=lambda m: m.arguments["id"])
+    assert ran == [RecordedMutation("renameCarrier", args) for args in wanted]
+
+
 async def test_mutation_refused_during_execution_is_not_resent(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -231,6 +255,34 @@ async def test_query_refused_during_execution_is_renewed_and_resent(
     assert result[field] is not None
     assert emulator.counters.token_requests == 2
     assert emulator.counters.graphql_requests == 3
+
+
+async def test_refusals_while_running_do_not_pause_renewals(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Tokens refused inside resolvers were accepted first: no pause, the next query works."""
+    policy = RetryPolicy(wait_initial=5, wait_max=5, wait_jitter=0)
+    async with Client(transport=make_oauth2(retry=policy)) as session:
+        for _ in range(2):
+            emulator.refuse_fields(2)  # the first send and its re-send
+            with pytest.raises(UnauthenticatedError):
+                await session.execute(COUNT)
+        result = await session.execute(COUNT)
+    assert result["carriers"]["totalCount"] == 25
+
+
+@pytest.mark.parametrize("path", ["renameCarrier", {}, [], 0])
+async def test_a_mutation_refused_with_a_path_of_any_shape_is_not_resent(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], path: object
+) -> None:
+    """Any path present counts as raised while running, whatever its shape: never re-sent."""
+    error = {"message": "expired", "path": path, "extensions": {"code": "UNAUTHENTICATED"}}
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.fail_graphql_requests(1, body={"data": None, "errors": [error]})
+        with pytest.raises(UnauthenticatedError, match="while it ran"):
+            await session.execute(RENAME)
+    assert emulator.counters.graphql_requests == 2
 
 
 async def test_batch_with_a_mutation_refused_during_execution_is_not_resent(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import functools
@@ -12,6 +13,8 @@ import logging
 import os
 import pickle
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -24,7 +27,7 @@ import aiohttp
 import pytest
 from gql import Client
 from gql.transport.aiohttp import AIOHTTPTransport
-from gql.transport.exceptions import TransportConnectionFailed
+from gql.transport.exceptions import TransportConnectionFailed, TransportError
 from support import COUNT, exception_chain, wait_until
 
 from gql_service_auth import (
@@ -381,6 +384,136 @@ async def test_a_hanging_token_endpoint_fails_with_token_request_error_within_gq
             await session.execute(COUNT)
 
 
+def test_a_fetch_falls_back_to_the_callers_loop_when_no_thread_can_start(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No thread to be had (pids limit, shutdown): the fetch runs on the caller's loop."""
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "gql-service-auth-token":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    transport = make_oauth2()
+    assert _sync_execute(transport, 5) == ANSWER
+    emulator.revoke_tokens()
+    assert _sync_execute(transport, 5) == ANSWER  # nothing was left waiting on a dead flight
+    assert emulator.counters.token_requests == 2
+
+
+def test_a_slow_resolver_does_not_stretch_a_fetch_past_its_bound(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """getaddrinfo stuck for 5 s: the fetch ends in TokenRequestError at its 1 s bound."""
+    real_getaddrinfo = socket.getaddrinfo
+
+    def slow(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "localhost":
+            time.sleep(5)
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    token_url = emulator.token_url.replace("127.0.0.1", "localhost")
+    transport = make_oauth2(token_url=token_url, retry=RetryPolicy(timeout=1, wait_jitter=0))
+    began = time.monotonic()
+    outcome = _finish(_start(lambda: _sync_execute(transport, 10)))
+    assert isinstance(outcome, TokenRequestError)
+    assert time.monotonic() - began < 4
+
+
+def test_a_replaced_asyncio_run_does_not_break_fetches(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Libraries such as nest_asyncio replace asyncio.run; fetches do not depend on it."""
+
+    def main_thread_only(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("There is no current event loop in thread")
+
+    transport = make_oauth2()
+    monkeypatch.setattr(asyncio, "run", main_thread_only)
+    assert _sync_execute(transport, 5) == ANSWER
+
+
+async def test_each_caller_gets_its_own_copy_of_a_fetch_error(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Callers sharing a failed fetch get distinct errors, so one's context is not another's."""
+    emulator.token_latency = 0.1
+    emulator.fail_token_requests(1, 400)
+    async with Client(transport=make_oauth2()) as session:
+        outcomes = await asyncio.gather(
+            session.execute(COUNT), session.execute(COUNT), return_exceptions=True
+        )
+    first, second = outcomes
+    assert isinstance(first, TokenRequestError)
+    assert isinstance(second, TokenRequestError)
+    assert first is not second
+    assert str(first) == str(second)
+    assert emulator.counters.token_requests == 1
+
+
+FORKED_CHILD_EXITS = """
+import asyncio, os, sys
+from gql import Client, gql
+from gql_service_auth import {cls}
+from gql_service_auth.emulator import Emulator
+
+COUNT = gql("query {{ carriers(first: 1) {{ totalCount }} }}")
+
+async def main(transport):
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        pid = os.fork()
+        if pid == 0:
+            return "child"
+        _, status = os.waitpid(pid, 0)
+        await session.execute(COUNT)  # the parent's session still works
+        return f"parent: child exited {{os.waitstatus_to_exitcode(status)}}"
+
+with Emulator().run_in_thread() as emulator:
+    client = emulator.recent_client
+    extra = {{"token_url": emulator.token_url}} if "{cls}" == "OAuth2Transport" else {{}}
+    transport = {cls}(
+        emulator.graphql_url,
+        client_id=client.client_id,
+        client_secret=client.client_secret,
+        **extra,
+    )
+    loop = asyncio.new_event_loop()
+    who = loop.run_until_complete(main(transport))
+    if who == "child":
+        print(asyncio.run(Client(transport=transport).execute_async(COUNT)), flush=True)
+        sys.exit(0)  # a normal exit, as gunicorn and Celery workers make: finalizers run
+    print(who, flush=True)
+"""
+
+
+@pytest.mark.parametrize("cls", ["ApiKeyTransport", "OAuth2Transport"])
+def test_a_forked_child_exits_without_touching_its_parents_connections(cls: str) -> None:
+    """A child that inherited connected sessions exits normally: no warning, parent unharmed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, 3.12+
+        done = subprocess.run(
+            [sys.executable, "-c", FORKED_CHILD_EXITS.format(cls=cls)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "parent: child exited 0" in done.stdout
+    assert "totalCount" in done.stdout
+    assert "Unclosed" not in done.stderr
+
+
 # -- 5. Secrets, everywhere an exception can carry them -------------------------------
 
 
@@ -437,6 +570,40 @@ async def test_a_credential_echoed_by_the_api_is_scrubbed_from_our_error(
                 await session.execute(COUNT)
     secrets = [emulator.recent_client.client_secret, *_credentials(received)]
     assert _shown(info.value, secrets) == []
+
+
+@pytest.mark.parametrize("status", [200, 502])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_credential_echoed_in_a_body_that_is_not_graphql_is_scrubbed(
+    emulator: Emulator, kind: str, status: int
+) -> None:
+    """A proxy page quoting the Authorization header reaches no message or attribute."""
+    transport = _build(kind, emulator)
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+        page = f"<pre>Request headers:\nAuthorization: {sent[-1]}\n</pre>".encode()
+        emulator.fail_graphql_requests(1, status, body=page)
+        with pytest.raises(TransportError) as info:
+            await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(sent)]
+    assert _shown(info.value, secrets) == []
+
+
+async def test_a_basic_header_echoed_by_the_token_endpoint_is_scrubbed(emulator: Emulator) -> None:
+    """The token endpoint quoting the Basic header it got: TokenRequestError without it."""
+    client = emulator.recent_client
+    raw = f"{client.client_id}:{client.client_secret}".encode()
+    basic = base64.b64encode(raw).decode()
+    description = f"malformed header: Authorization: Basic {basic}"
+    emulator.fail_token_requests(
+        1, 400, body={"error": "invalid_request", "error_description": description}
+    )
+    transport = _build("oauth2", emulator, token_auth_method="client_secret_basic")
+    with pytest.raises(TokenRequestError) as info:
+        async with Client(transport=transport) as session:
+            await session.execute(COUNT)
+    assert _shown(info.value, [basic, client.client_secret]) == []
 
 
 # -- 7. Drop-in, the rest --------------------------------------------------------------
