@@ -270,8 +270,6 @@ class _AuthenticatingTransport(AIOHTTPTransport):
     def __init__(
         self,
         url: str,
-        *,
-        allow_insecure_http: bool,
         headers: LooseHeaders | None,
         cookies: LooseCookies | None,
         auth: object,
@@ -281,6 +279,8 @@ class _AuthenticatingTransport(AIOHTTPTransport):
         json_serialize: Callable[..., str],
         json_deserialize: Callable[..., Any],
         client_session_args: dict[str, Any] | None,
+        *,
+        allow_insecure_http: bool,
     ) -> None:
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         if auth is not None:
@@ -410,18 +410,9 @@ class ApiKeyTransport(_AuthenticatingTransport):
     ) -> None:
         self._credentials = ClientCredentials(client_id, client_secret)
         super().__init__(
-            url,
-            allow_insecure_http=allow_insecure_http,
-            headers=headers,
-            cookies=cookies,
-            auth=auth,
-            ssl=ssl,
-            timeout=timeout,
-            ssl_close_timeout=ssl_close_timeout,
-            json_serialize=json_serialize,
-            json_deserialize=json_deserialize,
-            client_session_args=client_session_args,
-        )
+            url, headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
+            json_deserialize, client_session_args, allow_insecure_http=allow_insecure_http,
+        )  # fmt: skip
 
     @classmethod
     def from_env(
@@ -588,18 +579,9 @@ class OAuth2Transport(_AuthenticatingTransport):
         if scope is not None and not isinstance(scope, str):
             scope = " ".join(scope)  # RFC 6749 section 3.3: space-delimited
         super().__init__(
-            url,
-            allow_insecure_http=allow_insecure_http,
-            headers=headers,
-            cookies=cookies,
-            auth=auth,
-            ssl=ssl,
-            timeout=timeout,
-            ssl_close_timeout=ssl_close_timeout,
-            json_serialize=json_serialize,
-            json_deserialize=json_deserialize,
-            client_session_args=client_session_args,
-        )
+            url, headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
+            json_deserialize, client_session_args, allow_insecure_http=allow_insecure_http,
+        )  # fmt: skip
         self.token_url = token_url
         self._credentials = credentials
         self._policy = retry or RetryPolicy()
