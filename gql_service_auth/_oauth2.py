@@ -46,7 +46,7 @@ from ._constants import (
 from ._credentials import ClientCredentials
 from ._errors import ConfigurationError, TokenRequestError
 from ._events import AuthEvent, Emitter
-from ._redact import redact_chain
+from ._redact import redact_chain, redact_text
 from ._tokens import TokenResponse
 
 ClientAuthMethod: TypeAlias = Literal["client_secret_post", "client_secret_basic"]
@@ -178,16 +178,24 @@ class AiohttpFormPoster:
                         break
                 return FormAnswer(response.status, CIMultiDict(response.headers), bytes(body))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            # aiohttp's messages name the host and port, never the request's body or
-            # headers; its records of the request (kept for the chain) hold the Basic
-            # header of client_secret_basic, so they are blanked.
-            redact_chain(exc)
-            detail = str(exc) or "timed out"
+            # aiohttp's records of the request (kept for the chain) hold the Basic header
+            # of client_secret_basic, and a malformed answer may quote what it was sent.
+            sent = _sent_credentials(form, headers)
+            redact_chain(exc, sent)
+            detail = str(redact_text(str(exc), sent)) or "timed out"
+            del sent
             raise TokenRequestError(
                 f"could not reach the token endpoint ({type(exc).__name__}: {detail})",
                 retryable=True,
                 hint="Check token_url and the network; this is retried within RetryPolicy",
             ) from exc
+
+
+def _sent_credentials(form: Mapping[str, str], headers: Mapping[str, str]) -> list[str]:
+    """Every form in which a token request carries the client's secret."""
+    secret = form.get("client_secret", "")
+    authorization = headers.get("Authorization", "")
+    return [secret, quote_plus(secret), authorization, authorization.partition(" ")[2]]
 
 
 # Codes of RFC 6749 section 5.2 and what the user should do about each.
@@ -352,7 +360,11 @@ class ClientCredentialsGrant:
                     attempt_number = attempt.retry_state.attempt_number
                     remaining = max(deadline - time.monotonic(), 0.001)
                     form, headers = self._request()
-                    answer = await self._post(self._token_url, form, headers, remaining)
+                    try:
+                        answer = await self._post(self._token_url, form, headers, remaining)
+                    finally:
+                        # Tracebacks keep this frame's locals, and crash reporters read them.
+                        del form, headers
                     return self._parse(answer)
         except TokenRequestError as exc:
             exc.attempts = attempt_number

@@ -10,6 +10,7 @@ status, the message) for debugging and drops only the credentials.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Final
 
@@ -47,32 +48,73 @@ def _redacted_info(info: RequestInfo) -> RequestInfo:
 def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
     """Rid every exception in ``exc``'s chain of credentials, in place.
 
-    Blanks the credential headers of aiohttp's request records (the exceptions' own and
-    those of their redirect ``history``), and replaces each of ``secrets`` in the
-    exceptions' messages and attributes: a proxy or a debug page may echo the request,
-    and gql puts a body it cannot parse into its error message.
+    Blanks the credential headers of aiohttp's request records (wherever the exception
+    keeps them: attribute, ``args``, redirect ``history``), and replaces each of
+    ``secrets`` in the exceptions' messages, ``args`` and attributes, text or bytes: a
+    proxy or a debug page may echo the request, and gql puts a body it cannot parse into
+    its error message. Exceptions that cannot be changed are left as they are.
     """
     needles = [s for s in secrets if s]
     for link in _chain(exc):
-        if isinstance(link, ClientResponseError):
-            link.request_info = _redacted_info(link.request_info)
-            for response in link.history:
-                # The record a redirect's response keeps of the request that caused it.
-                response._request_info = _redacted_info(response.request_info)
-        if needles:
-            _scrub_exception(link, needles)
+        try:
+            if isinstance(link, ClientResponseError):
+                link.request_info = _redacted_info(link.request_info)
+                link.args = tuple(
+                    _redacted_info(a) if isinstance(a, RequestInfo) else a for a in link.args
+                )
+                for response in link.history:
+                    # The record a redirect's response keeps of the request behind it.
+                    response._request_info = _redacted_info(response.request_info)
+            if needles:
+                _scrub_exception(link, needles)
+        except Exception:  # pragma: no cover - a read-only or odd exception of the caller's
+            continue
+
+
+_LIBRARY_MODULES: Final = (
+    "aiohttp",
+    "asyncio",
+    "gql.",
+    "gql_service_auth",
+    "json",
+    "multidict",
+    "yarl",
+)
+"""Modules whose frames may hold a request's credentials, and whose locals are cleared."""
+
+
+def clear_locals(exc: BaseException) -> None:
+    """Drop the locals of finished library frames in the tracebacks of ``exc``'s chain.
+
+    gql's ``post_args``, aiohttp's headers, the grant's form and the JSON decoder's copy
+    of a body that quoted a credential all sit in frame locals, and crash reporters such
+    as Sentry capture those by default. Only frames of the libraries involved are
+    cleared: the chain may reach the caller's own error, whose locals are the caller's.
+    """
+    for link in _chain(exc):
+        tb = link.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if str(frame.f_globals.get("__name__", "")).startswith(_LIBRARY_MODULES):
+                with contextlib.suppress(RuntimeError):  # a frame still running
+                    frame.clear()
+            tb = tb.tb_next
 
 
 def _scrub_exception(link: BaseException, needles: list[str]) -> None:
-    scrubbed_args = tuple(_replace(arg, needles) for arg in link.args)
+    scrubbed_args = tuple(_replace(arg, needles, {}) for arg in link.args)
     if scrubbed_args != link.args:
         link.args = scrubbed_args
+    if isinstance(link, UnicodeDecodeError):  # the undecodable body, as bytes
+        scrubbed_object = _replace(link.object, needles, {})
+        if isinstance(scrubbed_object, bytes):
+            link.object = scrubbed_object
     for name, value in list(getattr(link, "__dict__", {}).items()):
-        # JSONDecodeError.doc holds the whole body; gql's errors hold the answer's parts.
-        if isinstance(value, (str, dict, list)):
-            scrubbed = _replace(value, needles)
-            if scrubbed != value:
-                setattr(link, name, scrubbed)
+        # JSONDecodeError.doc holds the whole body; gql's errors hold the answer's parts;
+        # aiohttp's hold the response headers.
+        scrubbed = _replace(value, needles, {})
+        if scrubbed is not value:
+            setattr(link, name, scrubbed)
 
 
 def redact_text(value: object, secrets: Iterable[str]) -> object:
@@ -84,17 +126,38 @@ def redact_text(value: object, secrets: Iterable[str]) -> object:
     needles = [s for s in secrets if s]
     if not needles:
         return value
-    return _replace(value, needles)
+    return _replace(value, needles, {})
 
 
-def _replace(value: object, needles: list[str]) -> object:
+def _replace(value: object, needles: list[str], memo: dict[int, object]) -> object:
+    """``value`` with the needles replaced; the same object when there was nothing to do."""
     if isinstance(value, str):
+        scrubbed = value
         for needle in needles:
-            if needle in value:
-                value = value.replace(needle, REDACTED)
+            scrubbed = scrubbed.replace(needle, REDACTED)
+        return value if scrubbed == value else scrubbed
+    if isinstance(value, bytes):
+        data = value
+        for needle in needles:
+            data = data.replace(needle.encode(), REDACTED.encode())
+        return value if data == value else data
+    if not isinstance(value, (dict, list, CIMultiDict, CIMultiDictProxy)):
         return value
-    if isinstance(value, dict):
-        return {_replace(k, needles): _replace(v, needles) for k, v in value.items()}
+    if id(value) in memo:  # a cycle, or a part seen already
+        return memo[id(value)]
+    memo[id(value)] = value
     if isinstance(value, list):
-        return [_replace(item, needles) for item in value]
-    return value
+        items = [_replace(item, needles, memo) for item in value]
+        changed = any(a is not b for a, b in zip(items, value, strict=True))
+        result: object = items if changed else value
+    elif isinstance(value, dict):
+        old = list(value.items())
+        pairs = [(_replace(k, needles, memo), _replace(v, needles, memo)) for k, v in old]
+        changed = any(a is not k or b is not v for (a, b), (k, v) in zip(pairs, old, strict=True))
+        result = dict(pairs) if changed else value
+    else:  # headers
+        headers = CIMultiDict((k, str(_replace(v, needles, memo))) for k, v in value.items())
+        changed = list(headers.items()) != list(value.items())
+        result = CIMultiDictProxy(headers) if changed else value
+    memo[id(value)] = result
+    return result

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import copy
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from . import _fork
 from ._constants import BEARER_SCHEME
 from ._errors import TokenRequestError
 from ._events import AuthEvent, Emitter
+from ._redact import clear_locals
 
 
 class Clock(Protocol):
@@ -133,6 +133,10 @@ class _Flight:
 
     future: concurrent.futures.Future[AccessToken]
     reason: str
+    #: Renews a token the API refused while an operation ran (see refused_while_running).
+    for_refusal_while_running: bool = False
+    #: Runs on its caller's loop, for that caller only (no thread could be started).
+    private: bool = False
 
 
 def _settle(waiter: asyncio.Future[AccessToken], done: concurrent.futures.Future[Any]) -> None:
@@ -152,14 +156,25 @@ def _own_copy(error: BaseException) -> BaseException:
 
     Raising one object in many callers would give it the ``__context__`` of whichever
     raised it last, so one caller's exception in flight would show in another's chain.
+    Built without calling ``__init__``, which subclasses may give other arguments.
     """
+    cls = type(error)
     try:
-        clone = copy.copy(error)
-    except Exception:  # an exception class that cannot be rebuilt from its args
+        clone = cls.__new__(cls, *error.args)
+        clone.args = error.args
+        clone.__dict__.update(vars(error))
+    except Exception:  # pragma: no cover - an exception type that cannot be copied
         return error
+    notes = getattr(error, "__notes__", None)
+    if isinstance(notes, list):
+        clone.__notes__ = list(notes)  # type: ignore[attr-defined]
     clone.__cause__ = error.__cause__
     clone.__suppress_context__ = error.__suppress_context__
     return clone.with_traceback(error.__traceback__)
+
+
+_POLL_INTERVAL = 0.05
+"""Seconds between a waiter's own checks of a fetch, besides the fetch's wake-up call."""
 
 
 class TokenManager:
@@ -212,8 +227,8 @@ class TokenManager:
         self.confirmed = 0
         self._fresh_refusals = 0
         self._paused_until = 0.0  # time.monotonic(): a rate limit in real time
-        # Fetches that fell back to a caller's loop: the loop keeps only weak references.
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._renew_for_refusal_while_running = False
+        self._renewed_for_refusal_while_running = 0  # that token's generation
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
@@ -310,6 +325,9 @@ class TokenManager:
                 if self._rejected and remaining > 0:
                     raise RenewalPaused(remaining, self._fresh_refusals)
                 flight = self._take_off(token)
+        if flight.private:
+            await self._fly(flight)
+            return flight.future.result()
         return await self._wait(flight)
 
     def confirm(self, token: AccessToken) -> None:
@@ -318,6 +336,31 @@ class TokenManager:
             self.confirmed = max(self.confirmed, token.generation)
             self._fresh_refusals = 0
             self._paused_until = 0.0
+
+    def refused_while_running(self, token: AccessToken) -> bool:
+        """Drop ``token``, refused by a resolver while an operation ran, if renewing may help.
+
+        The API accepted the token to start the operation, so this is no refused fresh
+        token and never pauses renewals. A token that expired as the operation ran is worth
+        renewing once; but when the token that renewal brought is refused the same way,
+        the refusal is about the operation, not the token: it is kept for the requests
+        it serves, and no further renewal is made for such refusals until it is replaced.
+
+        Returns:
+            Whether a renewal may help (``token`` was dropped, unless a newer one already
+            replaced it).
+        """
+        with self._lock:
+            if token.generation == self._renewed_for_refusal_while_running:
+                return False
+            dropped = self._token is token
+            if dropped:
+                self._token = None
+                self._rejected = True
+                self._renew_for_refusal_while_running = True
+        if dropped:
+            self._emit(AuthEvent("token_rejected"))
+        return True
 
     def invalidate(self, token: AccessToken) -> bool:
         """Drop ``token`` because the API refused it, unless a newer one already replaced it.
@@ -353,8 +396,8 @@ class TokenManager:
         future: concurrent.futures.Future[AccessToken] = concurrent.futures.Future()
         # A running future cannot be cancelled, so no waiter can cancel it for the others.
         future.set_running_or_notify_cancel()
-        flight = _Flight(future, reason)
-        self._flight = flight
+        flight = _Flight(future, reason, self._renew_for_refusal_while_running)
+        self._renew_for_refusal_while_running = False
         thread = threading.Thread(
             target=self._run, args=(flight,), name="gql-service-auth-token", daemon=True
         )
@@ -362,10 +405,11 @@ class TokenManager:
             thread.start()
         except RuntimeError:
             # No thread to be had (a pids limit, or Python 3.12+ at interpreter shutdown):
-            # fetch on the caller's loop, as a task the others can still wait for.
-            task = asyncio.get_running_loop().create_task(self._fly(flight))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            # the caller fetches for itself, on its own loop. Not shared, so a loop that
+            # stops can strand no one else; others arriving meanwhile fetch for themselves.
+            flight.private = True
+        else:
+            self._flight = flight
         return flight
 
     async def _wait(self, flight: _Flight) -> AccessToken:
@@ -376,7 +420,19 @@ class TokenManager:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
                 loop.call_soon_threadsafe(_settle, waiter, done)
 
+        def poll() -> None:
+            # A timer fires on the selector's timeout, where a wake-up through the loop's
+            # self-pipe can be lost: a forked child that closes the loop it inherited
+            # unregisters that pipe from the epoll instance it shares with its parent.
+            if waiter.done():
+                return
+            if flight.future.done():
+                _settle(waiter, flight.future)
+            else:
+                loop.call_later(_POLL_INTERVAL, poll)
+
         flight.future.add_done_callback(relay)
+        loop.call_later(_POLL_INTERVAL, poll)
         return await waiter
 
     def _run(self, flight: _Flight) -> None:
@@ -408,6 +464,9 @@ class TokenManager:
             started = self._clock()
             response = await asyncio.wait_for(self._fetch(), self._fetch_timeout)
         except BaseException as exc:
+            # The fetch's frames are done: their locals (the grant's form, aiohttp's
+            # headers) go, since crash reporters read the locals of tracebacks.
+            clear_locals(exc)
             error: BaseException = exc
             if isinstance(exc, asyncio.TimeoutError):
                 error = TokenRequestError(
@@ -470,9 +529,11 @@ class TokenManager:
             if response is not None:
                 self._generation += 1
                 token = self._new_token(response, started, self._generation)
-                if current:
+                if current or flight.private:
                     self._token = token
                     self._rejected = False
+                    if flight.for_refusal_while_running:
+                        self._renewed_for_refusal_while_running = token.generation
         if token is not None:
             flight.future.set_result(token)
         else:

@@ -53,7 +53,7 @@ from ._credentials import ClientCredentials
 from ._errors import ApiKeyRejectedError, ConfigurationError, UnauthenticatedError
 from ._events import AuthEvent, Emitter, EventHook
 from ._oauth2 import AiohttpFormPoster, ClientAuthMethod, ClientCredentialsGrant, RetryPolicy
-from ._redact import redact_chain, redact_text
+from ._redact import clear_locals, redact_chain, redact_text
 from ._tokens import AccessToken, Clock, RenewalPaused, RenewalSpent, TokenManager
 
 if TYPE_CHECKING:
@@ -148,15 +148,37 @@ def _snapshot(request: GraphQLRequest) -> _Snapshot:
 
 
 def _copied(value: Any) -> Any:
-    """``value`` with its dicts and lists copied, so changes to the caller's do not reach it.
+    """``value`` with its dicts, lists and tuples copied, so the caller's changes miss it.
 
     Leaves are kept as they are: a ``FileVar`` must stay the object whose stream is sent.
+    Shared parts stay shared and cycles stay cycles, for the serializer to refuse as it
+    would the original; nesting too deep to copy is sent as it is.
     """
+    try:
+        return _copy_into(value, {})
+    except RecursionError:
+        return value
+
+
+def _copy_into(value: Any, memo: dict[int, Any]) -> Any:
+    if not isinstance(value, (dict, list, tuple)):
+        return value
+    if id(value) in memo:
+        return memo[id(value)]
     if isinstance(value, dict):
-        return {key: _copied(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_copied(item) for item in value]
-    return value
+        copied: dict[Any, Any] = {}
+        memo[id(value)] = copied
+        for key, item in value.items():
+            copied[key] = _copy_into(item, memo)
+        return copied
+    items: list[Any] = []
+    memo[id(value)] = items
+    for item in value:
+        items.append(_copy_into(item, memo))
+    if isinstance(value, tuple):
+        memo[id(value)] = result = tuple(items)  # a cycle through a tuple keeps the list
+        return result
+    return items
 
 
 def _rebuild(snapshot: _Snapshot) -> GraphQLRequest:
@@ -239,6 +261,8 @@ def _bare_401(exc: TransportError, secrets: Sequence[str]) -> None:
     credential headers and of ``secrets`` (see :mod:`gql_service_auth._redact`).
     """
     redact_chain(exc, secrets)
+    clear_locals(exc)  # gql's post_args and aiohttp's headers hold the credential
+    del secrets  # and so would this frame, which a re-raise puts in the traceback
     if not (isinstance(exc, TransportServerError) and exc.code == 401):
         raise exc
 
@@ -248,7 +272,10 @@ async def _sent(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | None:
     try:
         return await sending
     except TransportError as exc:
-        _bare_401(exc, secrets)
+        try:
+            _bare_401(exc, secrets)
+        finally:
+            del secrets  # this frame is in the traceback too
     return None
 
 
@@ -460,10 +487,16 @@ class ApiKeyTransport(_AuthenticatingTransport):
         try:
             result = await super().execute(request, extra_args=args, upload_files=upload_files)
         except TransportError as exc:
+            args.clear()  # the request is over; the traceback keeps this frame's locals
             _bare_401(exc, [self._credentials.client_secret])
             raise self._refused(None) from None
         if _is_refusal(result.errors):
-            raise self._refused(result)
+            error = self._refused(result)
+            # The traceback keeps this frame's locals: the header, and an answer that may
+            # quote the key.
+            args.clear()
+            del result
+            raise error
         return result
 
     async def execute_batch(
@@ -480,11 +513,15 @@ class ApiKeyTransport(_AuthenticatingTransport):
         try:
             results = await super().execute_batch(reqs, extra_args=args)
         except TransportError as exc:
+            args.clear()  # the request is over; the traceback keeps this frame's locals
             _bare_401(exc, [self._credentials.client_secret])
             raise self._refused(None) from None
-        for result in results:
-            if _is_refusal(result.errors):
-                raise self._refused(result)
+        refused = next((result for result in results if _is_refusal(result.errors)), None)
+        if refused is not None:
+            error = self._refused(refused)
+            args.clear()  # as in execute
+            del results, refused
+            raise error
         return results
 
     async def subscribe(
@@ -672,6 +709,7 @@ class OAuth2Transport(_AuthenticatingTransport):
                     request, extra_args=args, upload_files=upload_files
                 )
             except TransportError as exc:
+                args.clear()  # the request is over; the traceback keeps this frame's locals
                 _bare_401(exc, [self._credentials.client_secret, token.value])
                 result = None
             if result is not None and not _is_refusal(result.errors):
@@ -691,9 +729,15 @@ class OAuth2Transport(_AuthenticatingTransport):
         def verdict(result: ExecutionResult) -> tuple[bool, str | None]:
             return _verdict(result, snapshot, upload=upload_files)
 
-        return await self._send_with_renewal(
-            lambda: _rebuild(snapshot), send, verdict, first=first, min_ttl=min_ttl
-        )
+        try:
+            return await self._send_with_renewal(
+                lambda: _rebuild(snapshot), send, verdict, first=first, min_ttl=min_ttl
+            )
+        except UnauthenticatedError:
+            del first  # the raw answer may quote the token; the traceback keeps locals
+            if token is not None:
+                del result
+            raise
 
     async def execute_batch(
         self,
@@ -815,8 +859,11 @@ class OAuth2Transport(_AuthenticatingTransport):
         except _Refused:
             pass
         # Raised outside the except block, so _Refused, which holds the raw answer, is not
-        # kept as the error's __context__.
-        raise _exhausted(last, self._max_renewals, [self._credentials.client_secret, token.value])
+        # kept as the error's __context__; the raw answers leave the frame's locals too.
+        secrets = [self._credentials.client_secret, token.value]
+        error = _exhausted(last, self._max_renewals, secrets)
+        del last, outcome, first, secrets
+        raise error
 
     def _accept(
         self,
@@ -839,11 +886,15 @@ class OAuth2Transport(_AuthenticatingTransport):
                 return outcome
         answers = outcome if isinstance(outcome, list) else [outcome]
         if any(isinstance(a, ExecutionResult) and _during_execution(a.errors) for a in answers):
-            # Refused while it ran: the token was accepted to start with, so this is no
-            # fresh token refused, and must not pause renewals.
-            self._tokens.confirm(token)
-        # Only the first of many requests refused with this token renews it.
-        self._tokens.invalidate(token)
+            # Refused while it ran: accepted to start with, so no fresh token refused.
+            if not self._tokens.refused_while_running(token) and why_not is None:
+                why_not = (
+                    "the service refused it while it ran, with a token already renewed for "
+                    "that very reason: the refusal is about the operation, not the token"
+                )
+        else:
+            # Only the first of many requests refused with this token renews it.
+            self._tokens.invalidate(token)
         if why_not is not None:
             raise _not_resent(outcome, why_not, [self._credentials.client_secret, token.value])
         raise _Refused(outcome)

@@ -257,18 +257,20 @@ async def test_query_refused_during_execution_is_renewed_and_resent(
     assert emulator.counters.graphql_requests == 3
 
 
-async def test_refusals_while_running_do_not_pause_renewals(
+async def test_refusals_while_running_cost_one_renewal_and_never_pause(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
-    """Tokens refused inside resolvers were accepted first: no pause, the next query works."""
+    """A server refusing inside resolvers: one renewal in all, then no pause for healthy calls."""
     policy = RetryPolicy(wait_initial=5, wait_max=5, wait_jitter=0)
+    emulator.refuse_fields(1 + 1 + 8)  # call 1 is sent and re-sent; calls 2 to 9 once each
     async with Client(transport=make_oauth2(retry=policy)) as session:
-        for _ in range(2):
-            emulator.refuse_fields(2)  # the first send and its re-send
+        for _ in range(9):
             with pytest.raises(UnauthenticatedError):
                 await session.execute(COUNT)
-        result = await session.execute(COUNT)
+        result = await session.execute(COUNT)  # the renewed token was kept for such calls
     assert result["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.graphql_requests == 11
 
 
 @pytest.mark.parametrize("path", ["renameCarrier", {}, [], 0])

@@ -25,10 +25,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gql import Client
+from gql import Client, GraphQLRequest, gql
 from gql.transport.aiohttp import AIOHTTPTransport
-from gql.transport.exceptions import TransportConnectionFailed, TransportError
-from support import COUNT, exception_chain, wait_until
+from gql.transport.exceptions import (
+    TransportConnectionFailed,
+    TransportError,
+    TransportServerError,
+)
+from support import COUNT, wait_until
 
 from gql_service_auth import (
     ApiKeyRejectedError,
@@ -110,11 +114,16 @@ def _connected(client: Client) -> Iterator[tuple[asyncio.AbstractEventLoop, Any]
 
 
 def _sync_execute(transport: AIOHTTPTransport, execute_timeout: float) -> object:
-    """gql's sync ``Client.execute`` on a new event loop, closed afterwards."""
+    """gql's sync ``Client.execute`` on a new event loop, closed afterwards.
+
+    Returns a ``TimeoutError`` rather than raising it, for the callers that expect one.
+    """
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         return Client(transport=transport, execute_timeout=execute_timeout).execute(COUNT)
+    except TimeoutError as exc:
+        return exc
     finally:
         asyncio.set_event_loop(None)
         loop.close()
@@ -200,15 +209,37 @@ def _credentials(authorizations: Iterable[str]) -> list[str]:
     return [part for value in authorizations for part in (value, value.partition(" ")[2]) if part]
 
 
+def _links(exc: BaseException) -> list[BaseException]:
+    """Every exception reachable from ``exc`` through ``__cause__`` and ``__context__``."""
+    seen: dict[int, BaseException] = {}
+    pending = [exc]
+    while pending:
+        link = pending.pop()
+        if id(link) not in seen:
+            seen[id(link)] = link
+            pending += [e for e in (link.__cause__, link.__context__) if e is not None]
+    return list(seen.values())
+
+
 def _shown(exc: BaseException, secrets: Iterable[str]) -> list[str]:
-    """Where any of ``secrets`` shows: the traceback, or str, repr, vars of a link of the chain."""
+    """Where any of ``secrets`` shows in the chain: traceback, str, repr, args, vars, locals.
+
+    Locals too: crash reporters such as Sentry capture the local variables of each frame
+    of a traceback by default.
+    """
     secrets = [s for s in secrets if s]
     assert secrets, "nothing to look for: the scan would prove nothing"
     texts = {"traceback": "".join(traceback.format_exception(exc))}
-    for link in exception_chain(exc):
+    for link in _links(exc):
         name = type(link).__name__
         texts |= {f"str({name})": str(link), f"repr({name})": repr(link)}
-        texts[f"vars({name})"] = repr(vars(link))
+        texts |= {f"args({name})": repr(link.args), f"vars({name})": repr(vars(link))}
+        tb = link.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_filename != __file__:  # the test's own frames hold secrets
+                texts[f"locals({frame.f_code.co_name})"] = repr(frame.f_locals)
+            tb = tb.tb_next
     return [where for where, text in texts.items() if any(s in text for s in secrets)]
 
 
@@ -401,8 +432,14 @@ def test_a_fetch_falls_back_to_the_callers_loop_when_no_thread_can_start(
     transport = make_oauth2()
     assert _sync_execute(transport, 5) == ANSWER
     emulator.revoke_tokens()
-    assert _sync_execute(transport, 5) == ANSWER  # nothing was left waiting on a dead flight
-    assert emulator.counters.token_requests == 2
+    emulator.token_latency = 1.0
+    # That caller gives up mid-fetch and its loop stops; its fetch was its own only.
+    assert isinstance(_sync_execute(transport, 0.3), TimeoutError)
+    emulator.token_latency = 0
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    began = time.monotonic()
+    assert _finish(_start(lambda: _sync_execute(transport, 5))) == ANSWER
+    assert time.monotonic() - began < 3
 
 
 def test_a_slow_resolver_does_not_stretch_a_fetch_past_its_bound(
@@ -468,14 +505,15 @@ from gql_service_auth.emulator import Emulator
 
 COUNT = gql("query {{ carriers(first: 1) {{ totalCount }} }}")
 
-async def main(transport):
+async def main(transport, emulator):
     async with Client(transport=transport) as session:
         await session.execute(COUNT)
         pid = os.fork()
         if pid == 0:
             return "child"
         _, status = os.waitpid(pid, 0)
-        await session.execute(COUNT)  # the parent's session still works
+        emulator.revoke_tokens()  # OAuth2: a renewal, woken up from the fetch's thread
+        await asyncio.wait_for(session.execute(COUNT), 5)  # the parent still works
         return f"parent: child exited {{os.waitstatus_to_exitcode(status)}}"
 
 with Emulator().run_in_thread() as emulator:
@@ -488,7 +526,7 @@ with Emulator().run_in_thread() as emulator:
         **extra,
     )
     loop = asyncio.new_event_loop()
-    who = loop.run_until_complete(main(transport))
+    who = loop.run_until_complete(main(transport, emulator))
     if who == "child":
         print(asyncio.run(Client(transport=transport).execute_async(COUNT)), flush=True)
         sys.exit(0)  # a normal exit, as gunicorn and Celery workers make: finalizers run
@@ -604,6 +642,85 @@ async def test_a_basic_header_echoed_by_the_token_endpoint_is_scrubbed(emulator:
         async with Client(transport=transport) as session:
             await session.execute(COUNT)
     assert _shown(info.value, [basic, client.client_secret]) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_credential_echoed_in_a_response_header_or_undecodable_body_is_scrubbed(
+    emulator: Emulator, kind: str
+) -> None:
+    """A 502 quoting the credential in a header, and a page that is not UTF-8: scrubbed."""
+    transport = _build(kind, emulator)
+    caught: list[BaseException] = []
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+        echo = {"X-Debug-Authorization": sent[-1]}
+        emulator.fail_graphql_requests(1, 502, body=b"bad gateway", headers=echo)
+        emulator.fail_graphql_requests(1, 200, body=b"\xff\xfe" + sent[-1].encode())
+        for _ in range(2):
+            with pytest.raises(TransportError) as info:
+                await session.execute(COUNT)
+            caught.append(info.value)
+    secrets = [emulator.recent_client.client_secret, *_credentials(sent)]
+    assert [_shown(exc, secrets) for exc in caught] == [[], []]
+
+
+async def test_a_credential_echoed_in_a_malformed_token_answer_is_scrubbed(
+    emulator: Emulator,
+) -> None:
+    """A token endpoint quoting the Basic header in a header aiohttp cannot parse."""
+
+    def quote_it(headers: Mapping[str, str]) -> bytes:
+        return f"HTTP/1.1 200 OK\r\nContent-Length: {headers['authorization']}\r\n\r\n".encode()
+
+    async with _loopback(quote_it) as (url, received):
+        basic = {"token_url": url + "/oauth2/token", "token_auth_method": "client_secret_basic"}
+        with pytest.raises(TokenRequestError) as info:
+            async with Client(transport=_build("oauth2", emulator, **basic)) as session:
+                await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(received)]
+    assert _shown(info.value, secrets) == []
+
+
+class _Frozen(Exception):
+    """A caller's own exception that refuses changes, holding a cycle."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name not in ("__traceback__", "__context__", "__cause__", "__suppress_context__"):
+            raise AttributeError("frozen")
+        super().__setattr__(name, value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_query_made_while_the_caller_handles_its_own_error_fails_as_usual(
+    emulator: Emulator, kind: str
+) -> None:
+    """Inside the caller's except block (a cyclic, read-only error), a 502 is still gql's."""
+    cyclic: list[object] = []
+    cyclic.append(cyclic)
+    emulator.fail_graphql_requests(1, 502, body=b"bad gateway")
+    async with Client(transport=_build(kind, emulator)) as session:
+        try:
+            raise _Frozen("the caller's own", cyclic)
+        except _Frozen:
+            with pytest.raises(TransportServerError):
+                await session.execute(COUNT)
+
+
+@pytest.mark.parametrize("kind", ["gql", *KINDS])
+async def test_cyclic_variables_fail_as_they_do_with_gqls_transport(
+    emulator: Emulator, kind: str
+) -> None:
+    """Variables that contain themselves fail with the error gql's own transport raises."""
+    variables: dict[str, Any] = {"id": "carrier-001"}
+    variables["self"] = variables
+    request = GraphQLRequest(
+        gql("query ($id: ID!) { carrier(id: $id) { id } }"), variable_values=variables
+    )
+    async with Client(transport=_build(kind, emulator)) as session:
+        with pytest.raises(Exception, match=r"[Cc]ircular") as info:
+            await session.execute(request)
+    assert not isinstance(info.value, RecursionError)
 
 
 # -- 7. Drop-in, the rest --------------------------------------------------------------
