@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from types import FrameType
 from typing import Final
 
 from aiohttp import ClientResponseError, RequestInfo
@@ -67,17 +68,19 @@ def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
                     response._request_info = _redacted_info(response.request_info)
             if needles:
                 _scrub_exception(link, needles)
-        except Exception:  # pragma: no cover - a read-only or odd exception of the caller's
+        except Exception:  # a read-only or odd exception of the caller's: left as it is
             continue
 
 
 _LIBRARY_MODULES: Final = (
     "aiohttp",
     "asyncio",
+    "concurrent.futures",
     "gql.",
     "gql_service_auth",
     "json",
     "multidict",
+    "tenacity",
     "yarl",
 )
 """Modules whose frames may hold a request's credentials, and whose locals are cleared."""
@@ -88,17 +91,34 @@ def clear_locals(exc: BaseException) -> None:
 
     gql's ``post_args``, aiohttp's headers, the grant's form and the JSON decoder's copy
     of a body that quoted a credential all sit in frame locals, and crash reporters such
-    as Sentry capture those by default. Only frames of the libraries involved are
-    cleared: the chain may reach the caller's own error, whose locals are the caller's.
+    as Sentry capture those by default. Only errors raised and handled inside the
+    libraries are touched: one whose traceback reaches the caller's own code (the error
+    the caller was handling when it called us) is the caller's, and so is its chain. Its
+    frames may belong to tasks still running: clearing a suspended coroutine's frame
+    closes it on Python 3.12 and before (gql's batching task, for one).
     """
-    for link in _chain(exc):
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        link = pending.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        frames = []
         tb = link.__traceback__
         while tb is not None:
-            frame = tb.tb_frame
-            if str(frame.f_globals.get("__name__", "")).startswith(_LIBRARY_MODULES):
-                with contextlib.suppress(RuntimeError):  # a frame still running
-                    frame.clear()
+            frames.append(tb.tb_frame)
             tb = tb.tb_next
+        if not all(_is_library(frame) for frame in frames):
+            continue
+        for frame in frames:
+            with contextlib.suppress(RuntimeError):  # a frame still running
+                frame.clear()
+        pending += [e for e in (link.__cause__, link.__context__) if e is not None]
+
+
+def _is_library(frame: FrameType) -> bool:
+    return str(frame.f_globals.get("__name__", "")).startswith(_LIBRARY_MODULES)
 
 
 def _scrub_exception(link: BaseException, needles: list[str]) -> None:

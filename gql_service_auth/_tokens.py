@@ -133,8 +133,6 @@ class _Flight:
 
     future: concurrent.futures.Future[AccessToken]
     reason: str
-    #: Renews a token the API refused while an operation ran (see refused_while_running).
-    for_refusal_while_running: bool = False
     #: Runs on its caller's loop, for that caller only (no thread could be started).
     private: bool = False
 
@@ -342,16 +340,20 @@ class TokenManager:
 
         The API accepted the token to start the operation, so this is no refused fresh
         token and never pauses renewals. A token that expired as the operation ran is worth
-        renewing once; but when the token that renewal brought is refused the same way,
-        the refusal is about the operation, not the token: it is kept for the requests
-        it serves, and no further renewal is made for such refusals until it is replaced.
+        renewing once; but when the token that renewal brought is refused the same way
+        before any answer accepted it, the refusal is about the operation, not the token:
+        it is kept for the requests it serves, and not renewed for such refusals until an
+        answer has accepted it (then it may have expired in its turn) or it is replaced.
 
         Returns:
             Whether a renewal may help (``token`` was dropped, unless a newer one already
             replaced it).
         """
         with self._lock:
-            if token.generation == self._renewed_for_refusal_while_running:
+            if (
+                token.generation == self._renewed_for_refusal_while_running
+                and self.confirmed < token.generation
+            ):
                 return False
             dropped = self._token is token
             if dropped:
@@ -396,8 +398,7 @@ class TokenManager:
         future: concurrent.futures.Future[AccessToken] = concurrent.futures.Future()
         # A running future cannot be cancelled, so no waiter can cancel it for the others.
         future.set_running_or_notify_cancel()
-        flight = _Flight(future, reason, self._renew_for_refusal_while_running)
-        self._renew_for_refusal_while_running = False
+        flight = _Flight(future, reason)
         thread = threading.Thread(
             target=self._run, args=(flight,), name="gql-service-auth-token", daemon=True
         )
@@ -532,8 +533,10 @@ class TokenManager:
                 if current or flight.private:
                     self._token = token
                     self._rejected = False
-                    if flight.for_refusal_while_running:
+                    if self._renew_for_refusal_while_running:
+                        # Whichever fetch lands first after such a refusal serves its re-send.
                         self._renewed_for_refusal_while_running = token.generation
+            self._renew_for_refusal_while_running = False
         if token is not None:
             flight.future.set_result(token)
         else:

@@ -276,6 +276,10 @@ async def _sent(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | None:
             _bare_401(exc, secrets)
         finally:
             del secrets  # this frame is in the traceback too
+    except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
+        del secrets
+        clear_locals(exc)
+        raise
     return None
 
 
@@ -490,6 +494,10 @@ class ApiKeyTransport(_AuthenticatingTransport):
             args.clear()  # the request is over; the traceback keeps this frame's locals
             _bare_401(exc, [self._credentials.client_secret])
             raise self._refused(None) from None
+        except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
+            args.clear()
+            clear_locals(exc)
+            raise
         if _is_refusal(result.errors):
             error = self._refused(result)
             # The traceback keeps this frame's locals: the header, and an answer that may
@@ -516,6 +524,10 @@ class ApiKeyTransport(_AuthenticatingTransport):
             args.clear()  # the request is over; the traceback keeps this frame's locals
             _bare_401(exc, [self._credentials.client_secret])
             raise self._refused(None) from None
+        except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
+            args.clear()
+            clear_locals(exc)
+            raise
         refused = next((result for result in results if _is_refusal(result.errors)), None)
         if refused is not None:
             error = self._refused(refused)
@@ -535,8 +547,10 @@ class ApiKeyTransport(_AuthenticatingTransport):
         try:
             async for result in super().subscribe(request, extra_args=args):
                 yield result
-        except TransportError as exc:
+        except BaseException as exc:
+            args.clear()  # the traceback keeps this frame's locals
             redact_chain(exc, [self._credentials.client_secret])
+            clear_locals(exc)
             raise
 
 
@@ -712,6 +726,10 @@ class OAuth2Transport(_AuthenticatingTransport):
                 args.clear()  # the request is over; the traceback keeps this frame's locals
                 _bare_401(exc, [self._credentials.client_secret, token.value])
                 result = None
+            except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
+                args.clear()
+                clear_locals(exc)
+                raise
             if result is not None and not _is_refusal(result.errors):
                 if token.generation > self._tokens.confirmed:
                     self._tokens.confirm(token)
@@ -780,8 +798,9 @@ class OAuth2Transport(_AuthenticatingTransport):
                 if _is_refusal(result.errors):
                     self._tokens.invalidate(token)
                 yield result
-        except TransportError as exc:
+        except BaseException as exc:
             redact_chain(exc, [self._credentials.client_secret, token.value])
+            clear_locals(exc)
             if isinstance(exc, TransportServerError) and exc.code == 401:
                 self._tokens.invalidate(token)
             raise
@@ -878,6 +897,7 @@ class OAuth2Transport(_AuthenticatingTransport):
             UnauthenticatedError: the token was refused and the request must not be re-sent.
         """
         why_not = None
+        dropped = True
         if outcome is not None:
             refused, why_not = verdict(outcome)
             if not refused:
@@ -887,7 +907,8 @@ class OAuth2Transport(_AuthenticatingTransport):
         answers = outcome if isinstance(outcome, list) else [outcome]
         if any(isinstance(a, ExecutionResult) and _during_execution(a.errors) for a in answers):
             # Refused while it ran: accepted to start with, so no fresh token refused.
-            if not self._tokens.refused_while_running(token) and why_not is None:
+            dropped = self._tokens.refused_while_running(token)
+            if not dropped and why_not is None:
                 why_not = (
                     "the service refused it while it ran, with a token already renewed for "
                     "that very reason: the refusal is about the operation, not the token"
@@ -896,7 +917,10 @@ class OAuth2Transport(_AuthenticatingTransport):
             # Only the first of many requests refused with this token renews it.
             self._tokens.invalidate(token)
         if why_not is not None:
-            raise _not_resent(outcome, why_not, [self._credentials.client_secret, token.value])
+            secrets = [self._credentials.client_secret, token.value]
+            error = _not_resent(outcome, why_not, secrets, dropped=dropped)
+            del secrets
+            raise error
         raise _Refused(outcome)
 
     def _before_resend(self, state: RetryCallState) -> None:
@@ -964,11 +988,18 @@ def _exhausted(answer: object, renewals: int, secrets: list[str]) -> Unauthentic
     )
 
 
-def _not_resent(answer: object, why: str, secrets: list[str]) -> UnauthenticatedError:
+def _not_resent(
+    answer: object, why: str, secrets: list[str], *, dropped: bool
+) -> UnauthenticatedError:
     errors, data, extensions = _answer_parts(answer, secrets)
+    token = (
+        "The token was dropped, so calling again uses a new one"
+        if dropped
+        else "The token was kept: the service accepts it for other operations"
+    )
     return UnauthenticatedError(
         f"the service refused the access token (UNAUTHENTICATED); the request was not sent "
-        f"again because {why}. The token was dropped, so calling again uses a new one",
+        f"again because {why}. {token}",
         errors=errors,
         data=data,
         extensions=extensions,

@@ -273,6 +273,21 @@ async def test_refusals_while_running_cost_one_renewal_and_never_pause(
     assert emulator.counters.graphql_requests == 11
 
 
+async def test_a_kept_token_that_answers_accepted_is_renewed_when_refused_again(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Kept after refusals inside resolvers, then accepted: a later such refusal renews it."""
+    emulator.refuse_fields(2)
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(UnauthenticatedError, match="kept"):
+            await session.execute(COUNT)  # token 1 refused and renewed; token 2 refused too
+        await session.execute(COUNT)  # token 2 accepted
+        emulator.refuse_fields(1)  # token 2 has expired, say, as an operation ran
+        result = await session.execute(COUNT)
+    assert result["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 3
+
+
 @pytest.mark.parametrize("path", ["renameCarrier", {}, [], 0])
 async def test_a_mutation_refused_with_a_path_of_any_shape_is_not_resent(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], path: object

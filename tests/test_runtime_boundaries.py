@@ -723,6 +723,61 @@ async def test_cyclic_variables_fail_as_they_do_with_gqls_transport(
     assert not isinstance(info.value, RecursionError)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_timed_out_call_leaves_no_credential_in_its_chain(emulator: Emulator, kind: str) -> None:
+    """gql's execute_timeout cancels the request: its chain's frames hold no credential."""
+    emulator.graphql_latency = 1.0
+    transport = _build(kind, emulator)
+    if kind == "oauth2":
+        assert _sync_execute(transport, 5) == ANSWER  # a token first, so the send times out
+    outcome = _sync_execute(transport, 0.3)
+    assert isinstance(outcome, TimeoutError)
+    sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+    assert _shown(outcome, [emulator.recent_client.client_secret, *_credentials(sent)]) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_failed_subscription_leaves_no_credential_in_its_chain(
+    emulator: Emulator, kind: str
+) -> None:
+    """A subscription answered with a 500: gql's error, no credential in the chain."""
+    emulator.fail_graphql_requests(1, 500, body=b"")
+    async with Client(transport=_build(kind, emulator)) as session:
+        with pytest.raises(TransportServerError) as info:
+            async for _ in session.subscribe(gql("subscription { ticks }")):
+                pass  # pragma: no cover
+    sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+    secrets = [emulator.recent_client.client_secret, *_credentials(sent)]
+    assert _shown(info.value, secrets) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_failure_handled_inside_a_batch_error_leaves_the_batching_session_alive(
+    emulator: Emulator, kind: str
+) -> None:
+    """A failed call made while handling a batched call's error: later batches still run."""
+
+    async def scenario() -> object:
+        async with (
+            Client(transport=_build(kind, emulator), batch_interval=0.01) as batched,
+            Client(transport=_build(kind, emulator)) as plain,
+        ):
+            await batched.execute(COUNT)
+            await plain.execute(COUNT)
+            emulator.fail_graphql_requests(1, 500, body={"oops": 1})
+            try:
+                await batched.execute(COUNT)
+            except TransportServerError:
+                emulator.fail_graphql_requests(1, 500, body={"oops": 2})
+                with pytest.raises(TransportServerError):
+                    await plain.execute(COUNT)
+            # gql's batching task caught the first error and waits on: its frame is not ours.
+            return await batched.execute(COUNT)
+
+    # Bounded as a whole: a dead batching task also hangs the session's close.
+    assert await asyncio.wait_for(scenario(), 20) == ANSWER
+
+
 # -- 7. Drop-in, the rest --------------------------------------------------------------
 
 
