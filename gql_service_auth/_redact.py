@@ -11,7 +11,7 @@ status, the message) for debugging and drops only the credentials.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Final
 
@@ -24,12 +24,18 @@ REDACTED: Final = "***"
 _SENSITIVE_HEADERS: Final = ("Authorization", "Proxy-Authorization", "Cookie")
 
 
-def _chain(exc: BaseException) -> Iterable[BaseException]:
+def _chain(
+    exc: BaseException, keep: Callable[[BaseException], bool] = lambda _: True
+) -> Iterable[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, each once.
+
+    A link ``keep`` refuses is neither yielded nor followed.
+    """
     seen: set[int] = set()
     pending: list[BaseException] = [exc]
     while pending:
         link = pending.pop()
-        if id(link) in seen:
+        if id(link) in seen or not keep(link):
             continue
         seen.add(id(link))
         yield link
@@ -97,24 +103,23 @@ def clear_locals(exc: BaseException) -> None:
     frames may belong to tasks still running: clearing a suspended coroutine's frame
     closes it on Python 3.12 and before (gql's batching task, for one).
     """
-    seen: set[int] = set()
-    pending: list[BaseException] = [exc]
-    while pending:
-        link = pending.pop()
-        if id(link) in seen:
-            continue
-        seen.add(id(link))
-        frames = []
-        tb = link.__traceback__
-        while tb is not None:
-            frames.append(tb.tb_frame)
-            tb = tb.tb_next
-        if not all(_is_library(frame) for frame in frames):
-            continue
-        for frame in frames:
+    for link in _chain(exc, keep=_raised_and_handled_in_libraries):
+        for frame in _frames(link):
             with contextlib.suppress(RuntimeError):  # a frame still running
                 frame.clear()
-        pending += [e for e in (link.__cause__, link.__context__) if e is not None]
+
+
+def _frames(exc: BaseException) -> list[FrameType]:
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _raised_and_handled_in_libraries(exc: BaseException) -> bool:
+    return all(_is_library(frame) for frame in _frames(exc))
 
 
 def _is_library(frame: FrameType) -> bool:
