@@ -62,7 +62,8 @@ EventHook: TypeAlias = Callable[[AuthEvent], None]
 
 Keep it quick, non-blocking and thread-safe: request events run on the caller's event
 loop, and token fetch events (``token_fetched``, ``token_request_failed``...) on the
-thread that fetches the token, which is never a caller's. An exception it raises is
+thread that fetches the token (a caller's own only where no thread could be started).
+An exception it raises is
 logged and otherwise ignored, so a metrics bug cannot break authentication.
 """
 
