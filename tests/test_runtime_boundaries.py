@@ -292,9 +292,9 @@ def test_a_fetch_abandoned_by_a_timed_out_sync_execute_does_not_block_other_thre
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
     """After a sync execute times out mid-fetch, another thread's query succeeds, one token."""
-    emulator.token_latency = 1.0
+    emulator.token_latency = 0.5
     transport = make_oauth2(retry=RetryPolicy(timeout=20, wait_initial=0, wait_max=0))
-    assert isinstance(_finish(_start(lambda: _sync_execute(transport, 0.3))), TimeoutError)
+    assert isinstance(_finish(_start(lambda: _sync_execute(transport, 0.2))), TimeoutError)
     began = time.monotonic()
     assert _finish(_start(lambda: _sync_execute(transport, 6))) == ANSWER
     assert time.monotonic() - began < 5
@@ -341,7 +341,7 @@ def test_a_forked_child_does_not_wait_on_the_parents_fetch(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
     """Forked while another thread's fetch is in flight, the child's first query succeeds."""
-    emulator.token_latency = 1.0
+    emulator.token_latency = 0.5
     transport = make_oauth2()
     fetching = _start(lambda: _sync_execute(transport, 5))
     try:
@@ -432,9 +432,9 @@ def test_a_fetch_falls_back_to_the_callers_loop_when_no_thread_can_start(
     transport = make_oauth2()
     assert _sync_execute(transport, 5) == ANSWER
     emulator.revoke_tokens()
-    emulator.token_latency = 1.0
+    emulator.token_latency = 0.5
     # That caller gives up mid-fetch and its loop stops; its fetch was its own only.
-    assert isinstance(_sync_execute(transport, 0.3), TimeoutError)
+    assert isinstance(_sync_execute(transport, 0.2), TimeoutError)
     emulator.token_latency = 0
     monkeypatch.setattr(threading.Thread, "start", real_start)
     began = time.monotonic()
@@ -447,17 +447,17 @@ def test_a_slow_resolver_does_not_stretch_a_fetch_past_its_bound(
     make_oauth2: Callable[..., OAuth2Transport],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """getaddrinfo stuck for 5 s: the fetch ends in TokenRequestError at its 1 s bound."""
+    """getaddrinfo stuck for 3 s: the fetch ends in TokenRequestError at its 0.5 s bound."""
     real_getaddrinfo = socket.getaddrinfo
 
     def slow(host: Any, *args: Any, **kwargs: Any) -> Any:
         if host == "localhost":
-            time.sleep(5)
+            time.sleep(3)
         return real_getaddrinfo(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", slow)
     token_url = emulator.token_url.replace("127.0.0.1", "localhost")
-    transport = make_oauth2(token_url=token_url, retry=RetryPolicy(timeout=1, wait_jitter=0))
+    transport = make_oauth2(token_url=token_url, retry=RetryPolicy(timeout=0.5, wait_jitter=0))
     began = time.monotonic()
     outcome = _finish(_start(lambda: _sync_execute(transport, 10)))
     assert isinstance(outcome, TokenRequestError)
@@ -726,11 +726,11 @@ async def test_cyclic_variables_fail_as_they_do_with_gqls_transport(
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_timed_out_call_leaves_no_credential_in_its_chain(emulator: Emulator, kind: str) -> None:
     """gql's execute_timeout cancels the request: its chain's frames hold no credential."""
-    emulator.graphql_latency = 1.0
+    emulator.graphql_latency = 0.5
     transport = _build(kind, emulator)
     if kind == "oauth2":
         assert _sync_execute(transport, 5) == ANSWER  # a token first, so the send times out
-    outcome = _sync_execute(transport, 0.3)
+    outcome = _sync_execute(transport, 0.2)
     assert isinstance(outcome, TimeoutError)
     sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
     assert _shown(outcome, [emulator.recent_client.client_secret, *_credentials(sent)]) == []
