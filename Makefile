@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo examples soak bench clean
+.PHONY: install test lint typecheck pytest demo examples soak bench matrix sdist-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,8 +50,21 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench.py
 
+# The suite on every Python 3.10-3.13 the machine has (absent ones are skipped), by nox.
+matrix: $(STAMP)
+	$(BIN)/nox
+
+# An unpacked sdist must pass make test on its own: build it, unpack it, run it there.
+SDIST_DIR := $(VENV)/sdist-check
+
+sdist-check: $(STAMP)
+	rm -rf $(SDIST_DIR)
+	$(BIN)/python -m build --sdist --outdir $(SDIST_DIR) .
+	tar -xzf $(SDIST_DIR)/*.tar.gz -C $(SDIST_DIR)
+	$(MAKE) -C $(SDIST_DIR)/gql_service_auth-*/ test PYTHON=$(PYTHON)
+
 examples: $(STAMP)
 	@for script in examples/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
-	rm -rf $(VENV) .coverage .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .nox .coverage .mypy_cache .pytest_cache .ruff_cache

@@ -488,30 +488,36 @@ class TokenManager:
                     hint="This is a bug or an unexpected environment; call again",
                 )
                 error.__cause__ = exc
-            self._land(flight, None, error)
-            self._emit(
-                AuthEvent(
-                    "token_request_failed",
-                    reason=flight.reason,
-                    duration=time.monotonic() - began,
-                    status=getattr(error, "status", None),
-                    error=getattr(error, "error", None) or type(exc).__name__,
+            # Events go out before the outcome is published, so a caller that has its
+            # token or its error can count on the hook having seen the fetch.
+            try:
+                self._emit(
+                    AuthEvent(
+                        "token_request_failed",
+                        reason=flight.reason,
+                        duration=time.monotonic() - began,
+                        status=getattr(error, "status", None),
+                        error=getattr(error, "error", None) or type(exc).__name__,
+                    )
                 )
-            )
+            finally:
+                self._land(flight, None, error)
             if not isinstance(exc, Exception):
                 raise
             return
-        self._land(flight, response, None, started=started)
-        if response.expires_in is not None and response.expires_in <= 0:
-            self._emit(AuthEvent("token_expires_in_ignored", expires_in=response.expires_in))
-        self._emit(
-            AuthEvent(
-                "token_fetched",
-                reason=flight.reason,
-                duration=time.monotonic() - began,
-                expires_in=response.expires_in,
+        try:
+            if response.expires_in is not None and response.expires_in <= 0:
+                self._emit(AuthEvent("token_expires_in_ignored", expires_in=response.expires_in))
+            self._emit(
+                AuthEvent(
+                    "token_fetched",
+                    reason=flight.reason,
+                    duration=time.monotonic() - began,
+                    expires_in=response.expires_in,
+                )
             )
-        )
+        finally:
+            self._land(flight, response, None, started=started)
 
     def _land(
         self,

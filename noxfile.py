@@ -1,0 +1,70 @@
+"""The test matrix: the suite on every supported Python this machine has.
+
+``make matrix`` (and ``.ci/run``) runs ``nox``; each ``tests-3.X`` session installs the
+package with its test extra into a fresh virtualenv and runs pytest. An interpreter the
+machine lacks is skipped, not failed: ``make test`` has already run the suite on the
+default one.
+
+pyenv puts a shim for every version on ``PATH``, and a shim fails for versions that are
+installed but not selected. So interpreters are looked up here, the way a developer
+would find them, and their directories put first on ``PATH`` for nox to find.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import nox
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+
+nox.options.sessions = ["tests"]
+nox.options.error_on_missing_interpreters = False
+nox.options.reuse_venv = "yes"
+nox.options.default_venv_backend = "venv"
+
+
+def _runs(executable: str) -> bool:
+    try:
+        completed = subprocess.run(
+            [executable, "-c", "pass"], capture_output=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return completed.returncode == 0
+
+
+def _find(version: str) -> Path | None:
+    """A working ``python3.X``: on ``PATH``, else in pyenv's, uv's or the system's places."""
+    name = f"python{version}"
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(directory or ".") / name
+        if candidate.is_file() and _runs(str(candidate)):
+            return candidate
+    roots = [
+        Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions",
+        Path.home() / ".local/share/uv/python",
+    ]
+    for root in roots:
+        for candidate in sorted(root.glob(f"*{version}.*/bin/{name}"), reverse=True):
+            if _runs(str(candidate)):
+                return candidate
+    return None
+
+
+def _put_interpreters_on_path() -> None:
+    found = [path for version in PYTHONS if (path := _find(version)) is not None]
+    directories = dict.fromkeys(str(path.parent) for path in found)
+    os.environ["PATH"] = os.pathsep.join([*directories, os.environ.get("PATH", "")])
+
+
+_put_interpreters_on_path()
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """The whole pytest suite, without coverage (``make test`` measures that)."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)

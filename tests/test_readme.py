@@ -1,0 +1,113 @@
+"""The README runs as written: every Python block, against the emulator; every link resolves.
+
+A block is a complete program, run with ``python -W error``, unless the HTML comment
+``<!-- readme: pytest -->`` on the line above marks it as a test file, run with pytest and
+the plugin. The README's placeholder hosts are pointed at the emulator, and the block
+gets the emulator's ``SERVICE_*`` variables, as a user's shell would have them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gql_service_auth.emulator import Emulator
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PLACEHOLDERS = ("https://api.example.com", "https://auth.example.com")
+BLOCK = re.compile(
+    r"(?:^<!-- readme: (?P<kind>\w+) -->\n)?^```python\n(?P<code>.*?)^```$", re.M | re.S
+)
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int
+    kind: str
+    code: str
+
+
+def _blocks() -> list[Block]:
+    text = README.read_text(encoding="utf-8")
+    return [
+        Block(text.count("\n", 0, match.start("code")), match["kind"] or "program", match["code"])
+        for match in BLOCK.finditer(text)
+    ]
+
+
+BLOCKS = _blocks()
+
+
+@pytest.fixture
+def emulator() -> Iterator[Emulator]:
+    with Emulator().run_in_thread() as running:
+        yield running
+
+
+def test_the_readme_has_blocks_of_each_kind() -> None:
+    """The collector finds the blocks, so the tests below cannot pass by running nothing."""
+    kinds = [block.kind for block in BLOCKS]
+    assert kinds.count("program") >= 6
+    assert kinds.count("pytest") >= 2
+    assert set(kinds) == {"program", "pytest"}, "an unknown <!-- readme: ... --> marker"
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: f"line{block.line}-{block.kind}")
+def test_block_runs_against_the_emulator(block: Block, emulator: Emulator, tmp_path: Path) -> None:
+    code = block.code
+    for placeholder in PLACEHOLDERS:
+        code = code.replace(placeholder, emulator.base_url)
+    script = tmp_path / ("test_block.py" if block.kind == "pytest" else "block.py")
+    script.write_text(code, encoding="utf-8")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
+    environ.update(emulator.environ())
+    if block.kind == "pytest":
+        # As in a user's project, where pytest-asyncio (installed here) wants its scope set.
+        command = [sys.executable, "-m", "pytest", "-q", "-W", "error", "-p", "no:cacheprovider"]
+        command += ["-o", "asyncio_default_fixture_loop_scope=function"]
+    else:
+        command = [sys.executable, "-W", "error"]
+    completed = subprocess.run(
+        [*command, script.name],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    if block.kind == "pytest":
+        assert re.search(r"\b1 passed\b", completed.stdout), completed.stdout
+    else:
+        assert completed.stdout.strip(), "a block shows what it did"
+        uses_this_emulator = "Emulator(" not in block.code
+        assert (emulator.counters.graphql_requests > 0) == uses_this_emulator
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_resolves() -> None:
+    """Links to files work in a clone and in the sdist (whose make test runs this too)."""
+    text = README.read_text(encoding="utf-8")
+    anchors = {_anchor(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
+    targets = [m["target"] for m in LINK.finditer(text) if "://" not in m["target"]]
+    assert targets, "the README links to files of the project"
+    for target in targets:
+        path, _, fragment = target.partition("#")
+        if path:
+            assert (README.parent / path).exists(), f"{target} is missing"
+        else:
+            assert fragment in anchors, f"no heading for {target}"
