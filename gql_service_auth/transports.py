@@ -981,12 +981,12 @@ def _verdict(
     result: ExecutionResult | _Bare401, snapshot: _Snapshot, *, upload: bool
 ) -> tuple[bool, str | None]:
     """Whether ``result`` refuses the token, and why the request must not be re-sent."""
-    if isinstance(result, _Bare401):
-        return True, None
-    if not _is_refusal(result.errors):
+    if not isinstance(result, _Bare401) and not _is_refusal(result.errors):
         return False, None
     if upload:
         return True, "it uploads files, whose streams were consumed by the first send"
+    if isinstance(result, _Bare401):
+        return True, None  # refused before anything could run
     if _during_execution(result.errors):
         # Refused while it ran: a query has no side effects and may run again; a mutation
         # (or a subscription) may have changed something already.
