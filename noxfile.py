@@ -1,7 +1,8 @@
 """The test matrix: the suite on every supported Python this machine has.
 
 ``make matrix`` (and ``.ci/run``) runs ``nox``; each ``tests-3.X`` session installs the
-package with its test extra into a fresh virtualenv and runs pytest. An interpreter the
+package with its test extra into a fresh virtualenv and runs pytest, then gql's own
+aiohttp tests with our transports in its place. An interpreter the
 machine lacks is skipped, not failed: ``make test`` has already run the suite on the
 default one.
 
@@ -65,6 +66,8 @@ _put_interpreters_on_path()
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The whole pytest suite, without coverage (``make test`` measures that)."""
+    """Our pytest suite, without coverage (``make test`` measures that), and gql's own."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
+    # gql's aiohttp tests with our transports in its place (tests/gql_suite/run.py).
+    session.run("python", "tests/gql_suite/run.py")

@@ -2,10 +2,12 @@
 
 from ._errors import (
     ApiKeyRejectedError,
+    ApiKeyRejectedHTTPError,
     ConfigurationError,
     GqlServiceAuthError,
     TokenRequestError,
     UnauthenticatedError,
+    UnauthenticatedHTTPError,
 )
 from ._events import AuthEvent, EventHook, EventName
 from ._oauth2 import ClientAuthMethod, RetryPolicy
@@ -33,6 +35,7 @@ __all__ = [
     "AccessToken",
     "ApiKeyOptions",
     "ApiKeyRejectedError",
+    "ApiKeyRejectedHTTPError",
     "ApiKeyTransport",
     "AuthEvent",
     "ClientAuthMethod",
@@ -46,5 +49,6 @@ __all__ = [
     "RetryPolicy",
     "TokenRequestError",
     "UnauthenticatedError",
+    "UnauthenticatedHTTPError",
     "__version__",
 ]

@@ -38,18 +38,24 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-def check_url(url: str, *, what: str, allow_insecure_http: bool) -> None:
+def check_url(url: str | URL, *, what: str, allow_insecure_http: bool) -> None:
     """Refuse a URL that would carry credentials in clear text to another machine.
 
+    ``url`` may be a ``yarl.URL``, as gql's ``AIOHTTPTransport`` and aiohttp accept; it is
+    checked as it is, not turned into a string and parsed again.
+
     Raises:
-        ConfigurationError: the URL is not http(s), or is plain http to a host that is
-            not loopback while ``allow_insecure_http`` is false.
+        ConfigurationError: the URL is not a str or a ``yarl.URL``, is not http(s), or is
+            plain http to a host that is not loopback while ``allow_insecure_http`` is false.
     """
-    if not isinstance(url, str):
-        raise ConfigurationError(f"{what} must be a str, not {type(url).__name__}")
-    parsed = URL(url)
+    if isinstance(url, URL):
+        parsed = url
+    elif isinstance(url, str):
+        parsed = URL(url)
+    else:
+        raise ConfigurationError(f"{what} must be a str or a yarl.URL, not {type(url).__name__}")
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigurationError(f"{what} must be an http:// or https:// URL, got {url!r}")
+        raise ConfigurationError(f"{what} must be an http:// or https:// URL, got {str(url)!r}")
     if parsed.user or parsed.password:
         raise ConfigurationError(
             f"{what} must not carry credentials in the URL; pass client_id and client_secret"

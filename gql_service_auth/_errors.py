@@ -6,7 +6,9 @@
     ├── ConfigurationError                 (also ValueError)
     ├── TokenRequestError                  (also gql TransportQueryError)
     └── UnauthenticatedError               (also gql TransportQueryError)
-        └── ApiKeyRejectedError
+        ├── ApiKeyRejectedError
+        │   └── ApiKeyRejectedHTTPError    (also UnauthenticatedHTTPError)
+        └── UnauthenticatedHTTPError       (also gql TransportServerError, code 401)
 
 Why the gql bases: gql's aiohttp transport turns any error that is not a gql
 ``TransportError`` into ``TransportConnectionFailed``, and a reconnecting gql session
@@ -16,6 +18,11 @@ catching them, and so gql never multiplies retries this package already bounded:
 transient token endpoint failures were retried here, within
 :class:`~gql_service_auth.RetryPolicy`; bad credentials fail at once.
 
+Why the ``...HTTPError`` pair: for a bare HTTP 401 (no GraphQL body) gql's own transport
+raises ``TransportServerError`` with ``code`` 401, and code written for gql catches that.
+The error that ends such a request is that too, with gql's message first, and stays a
+``TransportQueryError`` so that gql's reconnecting session still does not retry it.
+
 No message here ever holds a secret, an access token or an ``Authorization`` value.
 """
 
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gql.transport.exceptions import TransportQueryError
+from gql.transport.exceptions import TransportQueryError, TransportServerError
 
 
 class GqlServiceAuthError(Exception):
@@ -112,4 +119,28 @@ class ApiKeyRejectedError(UnauthenticatedError):
 
     Either the Client Id and Client Secret are wrong, or the credentials were registered
     before 2024-05-13, which the service accepts only through OAuth2.
+    """
+
+
+class UnauthenticatedHTTPError(UnauthenticatedError, TransportServerError):
+    """The service answered HTTP 401 without a GraphQL body, and the request ends there.
+
+    Also gql's ``TransportServerError``, with ``code == 401`` and a message that starts
+    with gql's own (``"401, message='Unauthorized', url=..."``), so code written for
+    gql's ``AIOHTTPTransport`` keeps catching it. ``errors`` is ``None``; the cause is
+    the error gql raised, rid of credentials.
+    """
+
+    def __init__(self, message: str) -> None:
+        # TransportQueryError's __init__ reaches TransportServerError's through super(),
+        # which sets code to None: set it after.
+        UnauthenticatedError.__init__(self, message)
+        self.code = 401
+
+
+class ApiKeyRejectedHTTPError(ApiKeyRejectedError, UnauthenticatedHTTPError):
+    """The service refused the API key with HTTP 401 and no GraphQL body.
+
+    An :class:`ApiKeyRejectedError` that is also gql's ``TransportServerError`` with
+    ``code == 401``; see :class:`UnauthenticatedHTTPError`.
     """

@@ -32,6 +32,7 @@ from tenacity import (
     wait_random,
 )
 from tenacity.wait import wait_base
+from yarl import URL
 
 from ._constants import (
     BEARER_SCHEME,
@@ -136,7 +137,7 @@ class FormPoster(Protocol):
     """
 
     async def __call__(
-        self, url: str, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
+        self, url: str | URL, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
     ) -> FormAnswer: ...
 
 
@@ -156,7 +157,7 @@ class AiohttpFormPoster:
         self._ssl = ssl
 
     async def __call__(
-        self, url: str, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
+        self, url: str | URL, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
     ) -> FormAnswer:
         try:
             async with (
@@ -289,7 +290,7 @@ class ClientCredentialsGrant:
 
     def __init__(
         self,
-        token_url: str,
+        token_url: str | URL,
         credentials: ClientCredentials,
         *,
         scope: str | None,

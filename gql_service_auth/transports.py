@@ -33,6 +33,7 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
 )
+from yarl import URL
 
 from . import _fork
 from ._config import check_url, join_url, read_env
@@ -50,7 +51,13 @@ from ._constants import (
     UNAUTHENTICATED,
 )
 from ._credentials import ClientCredentials
-from ._errors import ApiKeyRejectedError, ConfigurationError, UnauthenticatedError
+from ._errors import (
+    ApiKeyRejectedError,
+    ApiKeyRejectedHTTPError,
+    ConfigurationError,
+    UnauthenticatedError,
+    UnauthenticatedHTTPError,
+)
 from ._events import AuthEvent, Emitter, EventHook
 from ._oauth2 import AiohttpFormPoster, ClientAuthMethod, ClientCredentialsGrant, RetryPolicy
 from ._redact import clear_locals, redact_chain, redact_text
@@ -113,7 +120,7 @@ class ApiKeyOptions(AIOHTTPTransportOptions, total=False):
 
 
 _API_KEY_REFUSED: Final = (
-    "the service refused the API key (UNAUTHENTICATED). Either client_id or client_secret "
+    "the service refused the API key ({how}). Either client_id or client_secret "
     "is wrong, or the credentials were registered before 2024-05-13: such credentials "
     "cannot be used as an API key. Use OAuth2Transport with the same credentials, or "
     "create new credentials in the console to use the API key"
@@ -253,7 +260,20 @@ def _with_authorization(
     return args
 
 
-def _bare_401(exc: TransportError, secrets: Sequence[str]) -> None:
+class _Bare401:
+    """An HTTP 401 without a GraphQL body: gql's error for it, rid of credentials.
+
+    Kept so that the error that ends the request carries gql's message, ``code`` and
+    chain, as code written for gql's transport expects (see :func:`_http_401`).
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: TransportServerError) -> None:
+        self.error = error
+
+
+def _bare_401(exc: TransportError, secrets: Sequence[str]) -> _Bare401:
     """Accept an HTTP 401 without a GraphQL body as a refusal; re-raise anything else.
 
     Call it from the ``except`` block. Whatever is raised keeps aiohttp's record of the
@@ -263,24 +283,40 @@ def _bare_401(exc: TransportError, secrets: Sequence[str]) -> None:
     redact_chain(exc, secrets)
     clear_locals(exc)  # gql's post_args and aiohttp's headers hold the credential
     del secrets  # and so would this frame, which a re-raise puts in the traceback
-    if not (isinstance(exc, TransportServerError) and exc.code == 401):
-        raise exc
+    if isinstance(exc, TransportServerError) and exc.code == 401:
+        return _Bare401(exc)
+    raise exc
 
 
-async def _sent(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | None:
-    """The answer of ``sending``, or ``None`` for an HTTP 401 without a GraphQL body."""
+async def _sent(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | _Bare401:
+    """The answer of ``sending``, or the HTTP 401 it met without a GraphQL body."""
     try:
         return await sending
     except TransportError as exc:
         try:
-            _bare_401(exc, secrets)
+            return _bare_401(exc, secrets)
         finally:
             del secrets  # this frame is in the traceback too
     except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
         del secrets
         clear_locals(exc)
         raise
-    return None
+
+
+_HTTPErrorT = TypeVar("_HTTPErrorT", bound=UnauthenticatedHTTPError)
+
+
+def _http_401(kind: type[_HTTPErrorT], bare: _Bare401, explanation: str) -> _HTTPErrorT:
+    """The error that ends a request refused with a bare HTTP 401.
+
+    gql's message comes first, as code written for gql's transport may match it
+    (``"401, message='Unauthorized'"``); gql's error, already rid of credentials, is
+    the cause. Set here rather than by ``raise ... from``: the callers raise it outside
+    their ``except`` blocks, to keep internal signals out of the chain.
+    """
+    error = kind(f"{bare.error}: {explanation}")
+    error.__cause__ = bare.error
+    return error
 
 
 def _check_number(name: str, value: object, *, positive: bool = False) -> None:
@@ -300,7 +336,7 @@ class _AuthenticatingTransport(AIOHTTPTransport):
 
     def __init__(
         self,
-        url: str,
+        url: str | URL,
         headers: LooseHeaders | None,
         cookies: LooseCookies | None,
         auth: object,
@@ -324,8 +360,10 @@ class _AuthenticatingTransport(AIOHTTPTransport):
                 "headers must not contain Authorization: the transport sets it on every request"
             )
         check_url(url, what="url", allow_insecure_http=allow_insecure_http)
+        # gql annotates url as str, but keeps it as given and hands it to aiohttp, which
+        # takes a yarl.URL too: gql's own tests pass one (aiohttp's TestServer.make_url).
         super().__init__(
-            url,
+            url,  # type: ignore[arg-type]
             headers=headers,
             cookies=cookies,
             ssl=ssl,
@@ -338,7 +376,7 @@ class _AuthenticatingTransport(AIOHTTPTransport):
         _fork.reset_in_child(self)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} url={self.url!r}>"
+        return f"<{type(self).__name__} url={str(self.url)!r}>"
 
     # gql's sync Client.execute connects, executes and closes on the calling thread's event
     # loop, so one transport serves several loops. An aiohttp session belongs to the loop
@@ -409,7 +447,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
     this way: use :class:`OAuth2Transport` for them.
 
     Args:
-        url: The GraphQL endpoint, ``{base_url}/graphql``.
+        url: The GraphQL endpoint, ``{base_url}/graphql``: a str or a ``yarl.URL``.
         headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
             json_deserialize, client_session_args: gql's ``AIOHTTPTransport`` arguments,
             in gql's order; ``auth`` must stay ``None``.
@@ -424,7 +462,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
 
     def __init__(
         self,
-        url: str,
+        url: str | URL,
         headers: LooseHeaders | None = None,
         cookies: LooseCookies | None = None,
         auth: None = None,
@@ -468,11 +506,18 @@ class ApiKeyTransport(_AuthenticatingTransport):
             **kwargs,
         )
 
-    def _refused(self, answer: ExecutionResult | None) -> ApiKeyRejectedError:
+    def _refused(self, answer: ExecutionResult | _Bare401) -> ApiKeyRejectedError:
+        if isinstance(answer, _Bare401):
+            return _http_401(
+                ApiKeyRejectedHTTPError, answer, _API_KEY_REFUSED.format(how="HTTP 401")
+            )
         # The service may quote the key it refused; the error must not.
         errors, data, extensions = _answer_parts(answer, [self._credentials.client_secret])
         return ApiKeyRejectedError(
-            _API_KEY_REFUSED, errors=errors, data=data, extensions=extensions
+            _API_KEY_REFUSED.format(how="UNAUTHENTICATED"),
+            errors=errors,
+            data=data,
+            extensions=extensions,
         )
 
     async def execute(
@@ -492,8 +537,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
             result = await super().execute(request, extra_args=args, upload_files=upload_files)
         except TransportError as exc:
             args.clear()  # the request is over; the traceback keeps this frame's locals
-            _bare_401(exc, [self._credentials.client_secret])
-            raise self._refused(None) from None
+            raise self._refused(_bare_401(exc, [self._credentials.client_secret])) from exc
         except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
             args.clear()
             clear_locals(exc)
@@ -522,8 +566,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
             results = await super().execute_batch(reqs, extra_args=args)
         except TransportError as exc:
             args.clear()  # the request is over; the traceback keeps this frame's locals
-            _bare_401(exc, [self._credentials.client_secret])
-            raise self._refused(None) from None
+            raise self._refused(_bare_401(exc, [self._credentials.client_secret])) from exc
         except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
             args.clear()
             clear_locals(exc)
@@ -551,6 +594,9 @@ class ApiKeyTransport(_AuthenticatingTransport):
             args.clear()  # the traceback keeps this frame's locals
             redact_chain(exc, [self._credentials.client_secret])
             clear_locals(exc)
+            # gql raises this for any 401 to a subscription, body or not: a refusal.
+            if isinstance(exc, TransportServerError) and exc.code == 401:
+                raise self._refused(_Bare401(exc)) from exc
             raise
 
 
@@ -563,12 +609,12 @@ class OAuth2Transport(_AuthenticatingTransport):
     token is renewed and the request sent again, up to ``max_renewals`` times.
 
     Args:
-        url: The GraphQL endpoint, ``{base_url}/graphql``.
+        url: The GraphQL endpoint, ``{base_url}/graphql``: a str or a ``yarl.URL``.
         headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
             json_deserialize, client_session_args: gql's ``AIOHTTPTransport`` arguments,
             in gql's order; ``auth`` must stay ``None``. ``ssl`` also applies to the
             token endpoint; ``headers``, ``cookies`` and ``client_session_args`` do not.
-        token_url: The token endpoint, ``{auth_url}/oauth2/token``.
+        token_url: The token endpoint, ``{auth_url}/oauth2/token``: a str or a ``yarl.URL``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
         scope: Scope to request, a string or a sequence joined by spaces; ``None`` sends none.
@@ -596,7 +642,7 @@ class OAuth2Transport(_AuthenticatingTransport):
 
     def __init__(
         self,
-        url: str,
+        url: str | URL,
         headers: LooseHeaders | None = None,
         cookies: LooseCookies | None = None,
         auth: None = None,
@@ -607,7 +653,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         json_deserialize: Callable[..., Any] = json.loads,
         client_session_args: dict[str, Any] | None = None,
         *,
-        token_url: str,
+        token_url: str | URL,
         client_id: str,
         client_secret: str,
         scope: str | Sequence[str] | None = None,
@@ -711,7 +757,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         # repeated: it asks for a token that will outlive it.
         min_ttl = self._refresh_margin if upload_files else 0.0
         token = self._tokens.fresh(min_ttl=min_ttl)
-        first: tuple[AccessToken, ExecutionResult | None] | None = None
+        first: tuple[AccessToken, ExecutionResult | _Bare401] | None = None
         if token is not None:
             # Fast path, inlined: almost every request succeeds on its first send with a
             # cached token, and each coroutine layer or closure here costs a query time.
@@ -719,18 +765,17 @@ class OAuth2Transport(_AuthenticatingTransport):
             # is what the snapshot holds.
             args = _with_authorization(extra_args, token.authorization)
             try:
-                result: ExecutionResult | None = await super().execute(
+                result: ExecutionResult | _Bare401 = await super().execute(
                     request, extra_args=args, upload_files=upload_files
                 )
             except TransportError as exc:
                 args.clear()  # the request is over; the traceback keeps this frame's locals
-                _bare_401(exc, [self._credentials.client_secret, token.value])
-                result = None
+                result = _bare_401(exc, [self._credentials.client_secret, token.value])
             except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
                 args.clear()
                 clear_locals(exc)
                 raise
-            if result is not None and not _is_refusal(result.errors):
+            if not isinstance(result, _Bare401) and not _is_refusal(result.errors):
                 if token.generation > self._tokens.confirmed:
                     self._tokens.confirm(token)
                 return result
@@ -744,7 +789,7 @@ class OAuth2Transport(_AuthenticatingTransport):
                 upload_files=upload_files,
             )
 
-        def verdict(result: ExecutionResult) -> tuple[bool, str | None]:
+        def verdict(result: ExecutionResult | _Bare401) -> tuple[bool, str | None]:
             return _verdict(result, snapshot, upload=upload_files)
 
         try:
@@ -801,8 +846,11 @@ class OAuth2Transport(_AuthenticatingTransport):
         except BaseException as exc:
             redact_chain(exc, [self._credentials.client_secret, token.value])
             clear_locals(exc)
+            # gql raises this for any 401 to a subscription, body or not: a refusal.
             if isinstance(exc, TransportServerError) and exc.code == 401:
                 self._tokens.invalidate(token)
+                why = "it is a subscription, whose stream is never sent twice"
+                raise _not_resent(_Bare401(exc), why, [], dropped=True) from exc
             raise
 
     async def _token(self, *, min_ttl: float = 0.0) -> AccessToken:
@@ -817,9 +865,9 @@ class OAuth2Transport(_AuthenticatingTransport):
         self,
         rebuild: Callable[[], _R],
         send: Callable[[str, _R], Awaitable[_T]],
-        verdict: Callable[[_T], tuple[bool, str | None]],
+        verdict: Callable[[_T | _Bare401], tuple[bool, str | None]],
         *,
-        first: tuple[AccessToken, _T | None] | None,
+        first: tuple[AccessToken, _T | _Bare401] | None,
         min_ttl: float = 0.0,
     ) -> _T:
         """Send with a valid token; on a refusal, drop the token and re-send, within bounds.
@@ -827,8 +875,8 @@ class OAuth2Transport(_AuthenticatingTransport):
         What is sent is ``rebuild()``, the snapshot taken when the call started: the
         caller's object may be rewritten by other calls while this one waits. ``first``
         is the token and answer of a send already made (``None``: no send yet).
-        ``verdict`` tells of an answer whether it refuses the token and, if so, why it must
-        not be sent again (``None``: it may be).
+        ``verdict`` tells of an answer (or a bare HTTP 401) whether it refuses the token
+        and, if so, why it must not be sent again (``None``: it may be).
         """
         payload = rebuild()
         if first is None:
@@ -887,23 +935,21 @@ class OAuth2Transport(_AuthenticatingTransport):
     def _accept(
         self,
         token: AccessToken,
-        outcome: _T | None,
-        verdict: Callable[[_T], tuple[bool, str | None]],
+        outcome: _T | _Bare401,
+        verdict: Callable[[_T | _Bare401], tuple[bool, str | None]],
     ) -> _T:
-        """The answer, unless it refuses ``token`` (``None``: a bare HTTP 401).
+        """The answer, unless it refuses ``token``.
 
         Raises:
             _Refused: the token was refused and the request may be sent again.
             UnauthenticatedError: the token was refused and the request must not be re-sent.
         """
-        why_not = None
         dropped = True
-        if outcome is not None:
-            refused, why_not = verdict(outcome)
-            if not refused:
-                if token.generation > self._tokens.confirmed:
-                    self._tokens.confirm(token)
-                return outcome
+        refused, why_not = verdict(outcome)
+        if not refused and not isinstance(outcome, _Bare401):
+            if token.generation > self._tokens.confirmed:
+                self._tokens.confirm(token)
+            return outcome
         answers = outcome if isinstance(outcome, list) else [outcome]
         if any(isinstance(a, ExecutionResult) and _during_execution(a.errors) for a in answers):
             # Refused while it ran: accepted to start with, so no fresh token refused.
@@ -932,13 +978,15 @@ class OAuth2Transport(_AuthenticatingTransport):
 
 
 def _verdict(
-    result: ExecutionResult, snapshot: _Snapshot, *, upload: bool
+    result: ExecutionResult | _Bare401, snapshot: _Snapshot, *, upload: bool
 ) -> tuple[bool, str | None]:
     """Whether ``result`` refuses the token, and why the request must not be re-sent."""
-    if not _is_refusal(result.errors):
+    if not isinstance(result, _Bare401) and not _is_refusal(result.errors):
         return False, None
     if upload:
         return True, "it uploads files, whose streams were consumed by the first send"
+    if isinstance(result, _Bare401):
+        return True, None  # refused before anything could run
     if _during_execution(result.errors):
         # Refused while it ran: a query has no side effects and may run again; a mutation
         # (or a subscription) may have changed something already.
@@ -950,7 +998,9 @@ def _verdict(
     return True, None
 
 
-def _batch_verdict(results: list[ExecutionResult]) -> tuple[bool, str | None]:
+def _batch_verdict(results: list[ExecutionResult] | _Bare401) -> tuple[bool, str | None]:
+    if isinstance(results, _Bare401):
+        return True, None  # refused before anything could run
     refusals = [_is_refusal(result.errors) for result in results]
     if not any(refusals):
         return False, None
@@ -976,12 +1026,18 @@ def _answer_parts(answer: object, secrets: list[str]) -> tuple[list[Any] | None,
 
 
 def _exhausted(answer: object, renewals: int, secrets: list[str]) -> UnauthenticatedError:
-    errors, data, extensions = _answer_parts(answer, secrets)
-    return UnauthenticatedError(
-        f"the service refused the access token (UNAUTHENTICATED) after {renewals} renewal(s). "
+    how = "HTTP 401" if isinstance(answer, _Bare401) else "UNAUTHENTICATED"
+    message = (
+        f"the service refused the access token ({how}) after {renewals} renewal(s). "
         "The authorization server issues tokens the API does not accept: check that url "
         "and token_url belong to the same environment (SERVICE_BASE_URL, SERVICE_AUTH_URL) "
-        "and that the credentials' project may use the API",
+        "and that the credentials' project may use the API"
+    )
+    if isinstance(answer, _Bare401):
+        return _http_401(UnauthenticatedHTTPError, answer, message)
+    errors, data, extensions = _answer_parts(answer, secrets)
+    return UnauthenticatedError(
+        message,
         errors=errors,
         data=data,
         extensions=extensions,
@@ -997,9 +1053,15 @@ def _not_resent(
         if dropped
         else "The token was kept: the service accepts it for other operations"
     )
+    how = "HTTP 401" if isinstance(answer, _Bare401) else "UNAUTHENTICATED"
+    message = (
+        f"the service refused the access token ({how}); the request was not sent "
+        f"again because {why}. {token}"
+    )
+    if isinstance(answer, _Bare401):
+        return _http_401(UnauthenticatedHTTPError, answer, message)
     return UnauthenticatedError(
-        f"the service refused the access token (UNAUTHENTICATED); the request was not sent "
-        f"again because {why}. {token}",
+        message,
         errors=errors,
         data=data,
         extensions=extensions,

@@ -182,10 +182,12 @@ async def test_upload_renews_a_token_that_would_expire_soon(
     assert emulator.counters.unauthenticated_responses == 0
 
 
+@pytest.mark.parametrize("body", [True, False], ids=["UNAUTHENTICATED", "bare-401"])
 async def test_refused_upload_is_not_resent(
-    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], body: bool
 ) -> None:
     """An upload refused with a revoked token raises instead of re-sending a consumed stream."""
+    emulator.unauthenticated_status, emulator.unauthenticated_body = 401, body
     async with Client(transport=make_oauth2()) as session:
         await session.execute(COUNT)
         emulator.revoke_tokens()

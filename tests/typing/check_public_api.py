@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 
 from gql import Client, gql
+from gql.transport.exceptions import TransportServerError
+from yarl import URL
 
 from gql_service_auth import (
     AccessToken,
     ApiKeyRejectedError,
+    ApiKeyRejectedHTTPError,
     ApiKeyTransport,
     AuthEvent,
     ConfigurationError,
@@ -17,6 +20,7 @@ from gql_service_auth import (
     RetryPolicy,
     TokenRequestError,
     UnauthenticatedError,
+    UnauthenticatedHTTPError,
 )
 from gql_service_auth.emulator import Emulator, ManualClock
 
@@ -47,6 +51,12 @@ oauth2 = OAuth2Transport(
 )
 api_key: ApiKeyTransport = ApiKeyTransport.from_env(os.environ, ssl=False)
 from_env: OAuth2Transport = OAuth2Transport.from_env({}, max_renewals=0)
+by_url = OAuth2Transport(
+    URL("https://api.example.com/graphql"),
+    token_url=URL("https://auth.example.com/oauth2/token"),
+    client_id="id",
+    client_secret="secret",
+)
 token: AccessToken | None = oauth2.token
 expires_at: float | None = token.expires_at if token is not None else None
 client = Client(transport=oauth2, fetch_schema_from_transport=True)
@@ -63,9 +73,15 @@ async def main() -> None:
         try:
             async with Client(transport=transport) as session:
                 await session.execute(gql("query { carriers(first: 1) { totalCount } }"))
+        except ApiKeyRejectedHTTPError as exc:
+            code: int | None = exc.code
+            print(code, exc.errors)
         except ApiKeyRejectedError as exc:
             errors: list[object] | None = exc.errors
             print(errors)
+        except UnauthenticatedHTTPError as exc:
+            gqls: TransportServerError = exc
+            print(gqls.code)
         except UnauthenticatedError:
             pass
         except TokenRequestError as exc:
