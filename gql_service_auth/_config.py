@@ -38,6 +38,14 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+def _without_userinfo(url: URL) -> str:
+    """The URL for a message: its user and password left out, since either may be secret."""
+    try:
+        return str(url.with_user(None)) if url.user or url.password else str(url)
+    except ValueError:  # userinfo yarl will not rebuild without a host
+        return "(a URL with credentials)"
+
+
 def check_url(url: str | URL, *, what: str, allow_insecure_http: bool) -> None:
     """Refuse a URL that would carry credentials in clear text to another machine.
 
@@ -49,13 +57,22 @@ def check_url(url: str | URL, *, what: str, allow_insecure_http: bool) -> None:
             plain http to a host that is not loopback while ``allow_insecure_http`` is false.
     """
     if isinstance(url, URL):
-        parsed = url
+        parsed: URL | None = url
     elif isinstance(url, str):
-        parsed = URL(url)
+        try:
+            parsed = URL(url)
+        except ValueError:
+            parsed = None
     else:
         raise ConfigurationError(f"{what} must be a str or a yarl.URL, not {type(url).__name__}")
+    if parsed is None:
+        # Raised outside the except clause: yarl's message, which would be chained as the
+        # context, may quote the URL and the password in it.
+        raise ConfigurationError(f"{what} is not a valid URL")
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigurationError(f"{what} must be an http:// or https:// URL, got {str(url)!r}")
+        raise ConfigurationError(
+            f"{what} must be an http:// or https:// URL, got {_without_userinfo(parsed)!r}"
+        )
     if parsed.user or parsed.password:
         raise ConfigurationError(
             f"{what} must not carry credentials in the URL; pass client_id and client_secret"

@@ -223,3 +223,20 @@ def test_reprs_show_no_secret() -> None:
     texts = [repr(oauth2), str(oauth2), repr(api_key), str(api_key)]
     texts += [repr(vars(oauth2)), repr(vars(oauth2._tokens)), repr(vars(api_key))]
     assert all(SECRET not in text for text in texts)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://user:hunter2-pw@api.example.com/graphql",
+        "http://:hunter2-pw@/graphql",
+        "http://[::1",
+    ],
+)
+def test_a_refused_url_never_shows_its_password(url: str) -> None:
+    """The message, and every error chained to it, leaves a URL's password out."""
+    with pytest.raises(ConfigurationError) as caught:
+        ApiKeyTransport(url, client_id="id", client_secret=SECRET)
+    chain = [caught.value, caught.value.__cause__, caught.value.__context__]
+    assert not any("hunter2" in repr(error) for error in chain if error is not None)
+    assert caught.value.__context__ is None
