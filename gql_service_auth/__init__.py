@@ -9,6 +9,7 @@ from ._errors import (
 )
 from ._events import AuthEvent, EventHook, EventName
 from ._oauth2 import ClientAuthMethod, RetryPolicy
+from ._token_session import TokenSessionArgs
 from ._tokens import AccessToken, Clock
 from .transports import (
     AIOHTTPTransportOptions,
@@ -45,6 +46,7 @@ __all__ = [
     "OAuth2Transport",
     "RetryPolicy",
     "TokenRequestError",
+    "TokenSessionArgs",
     "UnauthenticatedError",
     "__version__",
 ]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
 
+import aiohttp
 from gql import Client, gql
+from yarl import URL
 
 from gql_service_auth import (
     AccessToken,
@@ -16,6 +20,7 @@ from gql_service_auth import (
     OAuth2Transport,
     RetryPolicy,
     TokenRequestError,
+    TokenSessionArgs,
     UnauthenticatedError,
 )
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -47,6 +52,22 @@ oauth2 = OAuth2Transport(
 )
 api_key: ApiKeyTransport = ApiKeyTransport.from_env(os.environ, ssl=False)
 from_env: OAuth2Transport = OAuth2Transport.from_env({}, max_renewals=0)
+session_args: TokenSessionArgs = {
+    "trust_env": True,
+    "connector": functools.partial(aiohttp.TCPConnector, family=socket.AF_INET),
+}
+proxied = OAuth2Transport(
+    "https://api.example.com/graphql",
+    token_url="https://auth.example.com/oauth2/token",
+    client_id="id",
+    client_secret="secret",
+    client_session_args={"trust_env": True},
+    token_session_args=session_args,
+    token_proxy=URL("http://proxy.example.com:3128"),
+)
+proxied_from_env = OAuth2Transport.from_env(
+    {}, token_proxy="http://proxy.example.com:3128", token_session_args={"trust_env": False}
+)
 token: AccessToken | None = oauth2.token
 expires_at: float | None = token.expires_at if token is not None else None
 client = Client(transport=oauth2, fetch_schema_from_transport=True)
