@@ -11,6 +11,7 @@ from ._errors import (
 )
 from ._events import AuthEvent, EventHook, EventName
 from ._oauth2 import ClientAuthMethod, RetryPolicy
+from ._token_session import TokenSessionArgs
 from ._tokens import AccessToken, Clock
 from .transports import (
     AIOHTTPTransportOptions,
@@ -48,6 +49,7 @@ __all__ = [
     "OAuth2Transport",
     "RetryPolicy",
     "TokenRequestError",
+    "TokenSessionArgs",
     "UnauthenticatedError",
     "UnauthenticatedHTTPError",
     "__version__",

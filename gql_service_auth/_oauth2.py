@@ -48,6 +48,7 @@ from ._credentials import ClientCredentials
 from ._errors import ConfigurationError, TokenRequestError
 from ._events import AuthEvent, Emitter
 from ._redact import redact_chain, redact_text
+from ._token_session import TokenSession
 from ._tokens import TokenResponse
 
 ClientAuthMethod: TypeAlias = Literal["client_secret_post", "client_secret_basic"]
@@ -151,22 +152,38 @@ class AiohttpFormPoster:
 
     Args:
         ssl: As aiohttp's ``ssl``: the same verification settings as the GraphQL endpoint.
+        session: The session's proxy, ``trust_env``, connector factory and options;
+            ``None`` for aiohttp's defaults (direct, environment ignored).
     """
 
-    def __init__(self, *, ssl: SSLContext | bool | Fingerprint = True) -> None:
+    def __init__(
+        self, *, ssl: SSLContext | bool | Fingerprint = True, session: TokenSession | None = None
+    ) -> None:
         self._ssl = ssl
+        self._session = session or TokenSession()
+
+    def __repr__(self) -> str:
+        return f"<AiohttpFormPoster {self._session!r}>"
 
     async def __call__(
         self, url: str | URL, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
     ) -> FormAnswer:
+        settings = self._session
+        settings.check_environment(url)
         try:
             async with (
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
+                aiohttp.ClientSession(
+                    connector=settings.make_connector(),
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                    trust_env=settings.trust_env,
+                    **settings.options,
+                ) as session,
                 session.post(
                     url,
                     data=dict(form),
                     headers=dict(headers),
                     ssl=self._ssl,
+                    proxy=settings.proxy,
                     allow_redirects=False,
                 ) as response,
             ):
@@ -180,15 +197,24 @@ class AiohttpFormPoster:
                 return FormAnswer(response.status, CIMultiDict(response.headers), bytes(body))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             # aiohttp's records of the request (kept for the chain) hold the Basic header
-            # of client_secret_basic, and a malformed answer may quote what it was sent.
-            sent = _sent_credentials(form, headers)
+            # of client_secret_basic, and a malformed answer may quote what it was sent;
+            # a proxy's error may quote its own credentials.
+            sent = _sent_credentials(form, headers) + settings.secrets()
             redact_chain(exc, sent)
             detail = str(redact_text(str(exc), sent)) or "timed out"
             del sent
+            proxied = isinstance(
+                exc, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)
+            )
             raise TokenRequestError(
                 f"could not reach the token endpoint ({type(exc).__name__}: {detail})",
                 retryable=True,
-                hint="Check token_url and the network; this is retried within RetryPolicy",
+                hint=(
+                    "Check the token request's proxy (token_proxy, token_session_args, or "
+                    "HTTP_PROXY/HTTPS_PROXY with trust_env) and its credentials"
+                    if proxied
+                    else "Check token_url and the network; this is retried within RetryPolicy"
+                ),
             ) from exc
 
 
@@ -480,6 +506,12 @@ class ClientCredentialsGrant:
             error = self._redact(error)
         if error is not None and error in _HINTS:
             hint = _HINTS[error]
+        elif status == 407:
+            hint = (
+                "A proxy refused the request (Proxy Authentication Required): check the "
+                "credentials in token_proxy or token_session_args, or in HTTP_PROXY with "
+                "trust_env"
+            )
         elif retryable:
             hint = "The authorization server is unavailable; try again later"
         elif status in (401, 403):

@@ -2,10 +2,11 @@
 
 aiohttp's ``ClientResponseError`` (and its subclasses ``TooManyRedirects``,
 ``ContentTypeError``...) carries a ``RequestInfo`` whose ``headers`` are the request's,
-``Authorization`` included; its ``repr`` and ``vars()`` show them. gql chains such errors
-as the cause of ``TransportServerError`` and ``TransportConnectionFailed``, and crash
-reporters walk chains. Redacting the record in place keeps the chain (the URL, the
-status, the message) for debugging and drops only the credentials.
+``Authorization`` included; its ``repr`` and ``vars()`` show them, and its message shows
+the URL of a proxy, password included. gql chains such errors as the cause of
+``TransportServerError`` and ``TransportConnectionFailed``, and crash reporters walk
+chains. Redacting the record in place keeps the chain (the URL, the status, the message)
+for debugging and drops only the credentials.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Final
 
 from aiohttp import ClientResponseError, RequestInfo
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 REDACTED: Final = "***"
 """What stands where a credential was."""
@@ -43,13 +45,39 @@ def _chain(
 
 
 def _redacted_info(info: RequestInfo) -> RequestInfo:
-    if not any(name in info.headers for name in _SENSITIVE_HEADERS):
+    # A proxy's password sits in the URL of the CONNECT request aiohttp records (its
+    # real_url), which ClientHttpProxyError's message shows.
+    if not (
+        any(name in info.headers for name in _SENSITIVE_HEADERS)
+        or info.url.password
+        or info.real_url.password
+    ):
         return info
     headers = CIMultiDict(info.headers)
     for name in _SENSITIVE_HEADERS:
         if name in headers:
             headers[name] = REDACTED
-    return RequestInfo(info.url, info.method, CIMultiDictProxy(headers), info.real_url)
+    return RequestInfo(
+        _redacted_url(info.url),
+        info.method,
+        CIMultiDictProxy(headers),
+        _redacted_url(info.real_url),
+    )
+
+
+def _passwords(link: BaseException) -> list[str]:
+    """The passwords in the URLs of aiohttp's record of a request (a proxy's)."""
+    if not isinstance(link, ClientResponseError):
+        return []
+    try:
+        urls = (link.request_info.url, link.request_info.real_url)
+        return [p for url in urls for p in (url.password, url.raw_password) if p]
+    except Exception:  # an odd record, made by the caller's code
+        return []
+
+
+def _redacted_url(url: URL) -> URL:
+    return url.with_password(REDACTED) if url.password else url
 
 
 def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
@@ -61,7 +89,9 @@ def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
     proxy or a debug page may echo the request, and gql puts a body it cannot parse into
     its error message. Exceptions that cannot be changed are left as they are.
     """
-    needles = [s for s in secrets if s]
+    # A proxy password in aiohttp's record is also in the messages made from it, such as
+    # gql's TransportConnectionFailed, higher up the chain.
+    needles = [s for s in secrets if s] + [p for link in _chain(exc) for p in _passwords(link)]
     for link in _chain(exc):
         try:
             if isinstance(link, ClientResponseError):

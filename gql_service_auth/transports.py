@@ -61,6 +61,7 @@ from ._errors import (
 from ._events import AuthEvent, Emitter, EventHook
 from ._oauth2 import AiohttpFormPoster, ClientAuthMethod, ClientCredentialsGrant, RetryPolicy
 from ._redact import clear_locals, redact_chain, redact_text
+from ._token_session import TokenSessionArgs, resolve_token_session
 from ._tokens import AccessToken, Clock, RenewalPaused, RenewalSpent, TokenManager
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ class OAuth2Options(AIOHTTPTransportOptions, total=False):
     on_event: EventHook | None
     clock: Clock | None
     allow_insecure_http: bool
+    token_session_args: TokenSessionArgs | None
+    token_proxy: str | URL | None
 
 
 class ApiKeyOptions(AIOHTTPTransportOptions, total=False):
@@ -613,7 +616,8 @@ class OAuth2Transport(_AuthenticatingTransport):
         headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
             json_deserialize, client_session_args: gql's ``AIOHTTPTransport`` arguments,
             in gql's order; ``auth`` must stay ``None``. ``ssl`` also applies to the
-            token endpoint; ``headers``, ``cookies`` and ``client_session_args`` do not.
+            token endpoint; ``headers`` and ``cookies`` do not, nor does
+            ``client_session_args`` beyond what ``token_session_args`` says.
         token_url: The token endpoint, ``{auth_url}/oauth2/token``: a str or a ``yarl.URL``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
@@ -634,7 +638,20 @@ class OAuth2Transport(_AuthenticatingTransport):
         on_event: Called with each :class:`~gql_service_auth.AuthEvent` (token fetched,
             retry scheduled...), e.g. to count renewals.
         clock: Monotonic clock in seconds for token lifetimes; ``time.monotonic`` when ``None``.
-        allow_insecure_http: Allow plain ``http://`` URLs to hosts that are not loopback.
+        allow_insecure_http: Allow plain ``http://`` URLs to hosts that are not loopback,
+            and a plain ``http://`` ``token_url`` through an ``http://`` proxy that is not.
+        token_session_args: aiohttp ``ClientSession`` keywords for the token request's
+            own session (see :class:`~gql_service_auth.TokenSessionArgs`): ``trust_env``,
+            ``proxy``, ``proxy_auth``, ``connector`` (a callable returning a new
+            connector, as the fetch runs on an event loop of its own), ``trace_configs``,
+            ``read_bufsize``, ``max_line_size``, ``max_field_size``; any other key is
+            refused. ``None`` takes ``trust_env``, ``proxy`` and ``proxy_auth`` from
+            ``client_session_args``, so the token request goes where the GraphQL
+            requests go; ``{}`` sends it directly whatever ``client_session_args`` says.
+        token_proxy: The token request's proxy, an ``http://`` or ``https://`` URL (a
+            ``str`` or ``yarl.URL``, credentials in it as ``user:password@``), in place of
+            any other; ``None`` keeps what ``token_session_args`` says. Never shown in a
+            ``repr`` or message.
 
     Raises:
         ConfigurationError: a bad argument; the message says which.
@@ -666,9 +683,18 @@ class OAuth2Transport(_AuthenticatingTransport):
         on_event: EventHook | None = None,
         clock: Clock | None = None,
         allow_insecure_http: bool = False,
+        token_session_args: TokenSessionArgs | None = None,
+        token_proxy: str | URL | None = None,
     ) -> None:
         credentials = ClientCredentials(client_id, client_secret)
         check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
+        token_session = resolve_token_session(
+            token_session_args,
+            client_session_args=client_session_args,
+            token_proxy=token_proxy,
+            token_url=token_url,
+            allow_insecure_http=allow_insecure_http,
+        )
         _check_number("refresh_margin", refresh_margin)
         _check_number("default_expires_in", default_expires_in, positive=True)
         if isinstance(max_renewals, bool) or not isinstance(max_renewals, int) or max_renewals < 0:
@@ -692,7 +718,7 @@ class OAuth2Transport(_AuthenticatingTransport):
             extra_params=dict(token_params or {}),
             auth_method=token_auth_method,
             policy=self._policy,
-            post=AiohttpFormPoster(ssl=self.ssl),
+            post=AiohttpFormPoster(ssl=self.ssl, session=token_session),
             emit=self._emit,
         )
         self._tokens = TokenManager(

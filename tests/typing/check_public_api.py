@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
 
+import aiohttp
 from gql import Client, gql
 from gql.transport.exceptions import TransportServerError
 from yarl import URL
@@ -19,6 +22,7 @@ from gql_service_auth import (
     OAuth2Transport,
     RetryPolicy,
     TokenRequestError,
+    TokenSessionArgs,
     UnauthenticatedError,
     UnauthenticatedHTTPError,
 )
@@ -56,6 +60,22 @@ by_url = OAuth2Transport(
     token_url=URL("https://auth.example.com/oauth2/token"),
     client_id="id",
     client_secret="secret",
+)
+session_args: TokenSessionArgs = {
+    "trust_env": True,
+    "connector": functools.partial(aiohttp.TCPConnector, family=socket.AF_INET),
+}
+proxied = OAuth2Transport(
+    "https://api.example.com/graphql",
+    token_url="https://auth.example.com/oauth2/token",
+    client_id="id",
+    client_secret="secret",
+    client_session_args={"trust_env": True},
+    token_session_args=session_args,
+    token_proxy=URL("http://proxy.example.com:3128"),
+)
+proxied_from_env = OAuth2Transport.from_env(
+    {}, token_proxy="http://proxy.example.com:3128", token_session_args={"trust_env": False}
 )
 token: AccessToken | None = oauth2.token
 expires_at: float | None = token.expires_at if token is not None else None
