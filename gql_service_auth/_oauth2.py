@@ -384,6 +384,7 @@ class ClientCredentialsGrant:
             AuthEvent(
                 "token_request_retry_scheduled",
                 attempt=state.attempt_number,
+                max_attempts=self._policy.attempts,
                 wait=state.upcoming_sleep,
                 status=getattr(error, "status", None),
                 error=getattr(error, "error", None) or type(error).__name__,

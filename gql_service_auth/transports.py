@@ -655,6 +655,7 @@ class OAuth2Transport(_AuthenticatingTransport):
             default_expires_in=float(default_expires_in),
             fetch_timeout=self._policy.timeout + FETCH_GRACE,
             cooldown=self._policy.pause_after,
+            max_attempts=self._policy.attempts,
             clock=clock or time.monotonic,
             emit=self._emit,
         )
@@ -926,7 +927,10 @@ class OAuth2Transport(_AuthenticatingTransport):
     def _before_resend(self, state: RetryCallState) -> None:
         self._emit(
             AuthEvent(
-                "request_retry_scheduled", attempt=state.attempt_number, wait=state.upcoming_sleep
+                "request_retry_scheduled",
+                attempt=state.attempt_number,
+                max_attempts=self._max_renewals + 1,
+                wait=state.upcoming_sleep,
             )
         )
 

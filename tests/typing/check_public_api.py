@@ -26,6 +26,8 @@ renewals: list[AuthEvent] = []
 def count(event: AuthEvent) -> None:
     if event.name == "token_fetched" and event.reason != "initial":
         renewals.append(event)
+    bound: int | None = event.max_attempts
+    print(bound)
 
 
 oauth2 = OAuth2Transport(
