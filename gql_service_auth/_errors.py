@@ -113,3 +113,17 @@ class ApiKeyRejectedError(UnauthenticatedError):
     Either the Client Id and Client Secret are wrong, or the credentials were registered
     before 2024-05-13, which the service accepts only through OAuth2.
     """
+
+
+# Tracebacks, reprs and docs show gql_service_auth.TokenRequestError, where users import it
+# from, not this private module (httpx and attrs do the same). Pickle looks classes up by
+# module and name, and finds them there too.
+for _public in (
+    GqlServiceAuthError,
+    ConfigurationError,
+    TokenRequestError,
+    UnauthenticatedError,
+    ApiKeyRejectedError,
+):
+    _public.__module__ = "gql_service_auth"
+del _public

@@ -1,7 +1,7 @@
 """Events of the token life cycle: logged under stable names and handed to a user hook."""
 
-from __future__ import annotations
-
+# No "from __future__ import annotations": AuthEvent's annotations stay objects, so
+# typing.get_type_hints(AuthEvent) needs no lookup in the module its __module__ names.
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +62,9 @@ class AuthEvent:
     status: int | None = None
     error: str | None = None
 
+
+# Shown as gql_service_auth.AuthEvent, where users import it from (see _errors.py).
+AuthEvent.__module__ = "gql_service_auth"
 
 EventHook: TypeAlias = Callable[[AuthEvent], None]
 """A callable that receives every :class:`AuthEvent`, e.g. to count renewals.

@@ -115,6 +115,10 @@ class RetryPolicy:
         return float(pause) + random.uniform(0, self.wait_jitter)
 
 
+# Shown as gql_service_auth.RetryPolicy, where users import it from (see _errors.py).
+RetryPolicy.__module__ = "gql_service_auth"
+
+
 @dataclass(frozen=True, slots=True)
 class FormAnswer:
     """What an HTTP stack hands back from the token endpoint.

@@ -104,6 +104,11 @@ class AccessToken:
         )
 
 
+# Shown as gql_service_auth.AccessToken, where users import it from (see _errors.py).
+AccessToken.__module__ = "gql_service_auth"
+Clock.__module__ = "gql_service_auth"
+
+
 class RenewalSpent(Exception):
     """The renewal that followed the refused token was itself refused.
 
