@@ -49,6 +49,9 @@ oauth2 = OAuth2Transport(
 )
 api_key: ApiKeyTransport = ApiKeyTransport.from_env(os.environ, ssl=False)
 from_env: OAuth2Transport = OAuth2Transport.from_env({}, max_renewals=0)
+explicit: OAuth2Transport = OAuth2Transport.from_env(
+    {}, url="https://api.example.com/graphql", token_url="https://a.example.com/t", client_id="i"
+)
 token: AccessToken | None = oauth2.token
 expires_at: float | None = token.expires_at if token is not None else None
 client = Client(transport=oauth2, fetch_schema_from_transport=True)
