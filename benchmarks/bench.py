@@ -3,6 +3,7 @@
     make bench                              # full run, about two minutes
     python benchmarks/bench.py --tiny       # small N: proves the script works (CI)
     python benchmarks/bench.py --json       # figures as one JSON object
+    python benchmarks/bench.py --only 7     # one figure (here: the pytest plugin's cost)
 
 Every run talks only to servers it starts on 127.0.0.1: a lean server in a subprocess for
 overhead runs (so its work does not share the client's GIL), and the emulator for runs
@@ -19,10 +20,13 @@ import contextlib
 import dataclasses
 import gc
 import json
+import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 import urllib.request
@@ -57,6 +61,7 @@ class Sizes:
     heartbeat_fetches: int = 20
     scaling: tuple[int, ...] = (1, 10, 100, 1000)
     imports: int = 7
+    pytest_runs: int = 21
 
 
 TINY = Sizes(
@@ -70,6 +75,7 @@ TINY = Sizes(
     heartbeat_fetches=3,
     scaling=(1, 10),
     imports=1,
+    pytest_runs=1,
 )
 
 
@@ -422,9 +428,11 @@ async def loop_health(sizes: Sizes) -> dict[str, Any]:
 
 
 def footprint(sizes: Sizes) -> dict[str, Any]:
+    # The package imports its names on first use, so the probe uses one.
     probe = (
         "import time; t0 = time.perf_counter(); import gql; t1 = time.perf_counter(); "
-        "import gql.transport.aiohttp; t2 = time.perf_counter(); import gql_service_auth; "
+        "import gql.transport.aiohttp; t2 = time.perf_counter(); "
+        "from gql_service_auth import OAuth2Transport; "
         "t3 = time.perf_counter(); print(t1 - t0, t2 - t1, t3 - t2)"
     )
     runs = []
@@ -450,7 +458,7 @@ def footprint(sizes: Sizes) -> dict[str, Any]:
         "import_ms": {
             "gql": round(gql_alone * 1000, 1),
             "gql.transport.aiohttp beyond gql": round(aiohttp_transport * 1000, 1),
-            "gql_service_auth beyond gql.transport.aiohttp": round(ours * 1000, 1),
+            "gql_service_auth's transports beyond that": round(ours * 1000, 1),
         },
         "bytes_per_instance": {
             "AIOHTTPTransport": round(per_instance(lambda: AIOHTTPTransport(url))),
@@ -465,6 +473,74 @@ def footprint(sizes: Sizes) -> dict[str, Any]:
                 )
             ),
         },
+    }
+
+
+# -- figure 7: the pytest plugin -------------------------------------------------------
+
+
+def plugin_cost(sizes: Sizes) -> dict[str, Any]:
+    """What the plugin, which pytest loads in every run, adds to a run that never uses it.
+
+    Two figures: a one-test pytest run with and without the plugin (wall and CPU time,
+    interleaved, medians of each and of the paired differences), and the import of the
+    plugin module alone, which is what the end-to-end difference is made of, minus noise.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        (root / "pytest.ini").write_text(
+            "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+        )
+        (root / "test_one.py").write_text("def test_one():\n    assert True\n")
+        # Hypothesis's plugin (from the test extra) imports hypothesis, about 0.7 s, in every
+        # run: its noise would drown the figure, so both variants leave it out.
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        command += ["-p", "no:hypothesispytest", "test_one.py"]
+        variants = {
+            "with the plugin": command,
+            "without (-p no:gql_service_auth)": [*command, "-p", "no:gql_service_auth"],
+        }
+        wall: dict[str, list[float]] = {name: [] for name in variants}
+        cpu: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(sizes.pytest_runs):
+            for name in random.sample(list(variants), len(variants)):
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                started = time.perf_counter()
+                subprocess.run(
+                    variants[name], cwd=root, env=env, capture_output=True, check=True, timeout=120
+                )
+                wall[name].append(time.perf_counter() - started)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu[name].append(
+                    after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                )
+    with_plugin, without = variants
+
+    def paired(times: dict[str, list[float]]) -> float:
+        return median([a - b for a, b in zip(times[with_plugin], times[without], strict=True)])
+
+    probe = (
+        "import time, pytest; t0 = time.perf_counter(); import gql_service_auth.pytest_plugin; "
+        "print(time.perf_counter() - t0)"
+    )
+    imports = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(sizes.imports)
+    ]
+    return {
+        "runs": sizes.pytest_runs,
+        "wall_median_ms": {name: round(median(times) * 1000, 1) for name, times in wall.items()},
+        "cpu_median_ms": {name: round(median(times) * 1000, 1) for name, times in cpu.items()},
+        "paired_difference_ms": {
+            "wall": round(paired(wall) * 1000, 1),
+            "cpu": round(paired(cpu) * 1000, 1),
+        },
+        "plugin_import_ms": round(median(imports) * 1000, 2),
     }
 
 
@@ -511,7 +587,7 @@ async def scaling(sizes: Sizes) -> dict[str, Any]:
 # -- report ----------------------------------------------------------------------------
 
 
-async def run(sizes: Sizes, *, compare: bool) -> dict[str, Any]:
+async def run(sizes: Sizes, *, compare: bool, only: str | None = None) -> dict[str, Any]:
     contenders: dict[str, Factory] = {"baseline": baseline, "api_key": api_key, "oauth2": oauth2}
     other = middleware_contender() if compare else None
     if other is not None:
@@ -525,17 +601,43 @@ async def run(sizes: Sizes, *, compare: bool) -> dict[str, Any]:
         ("4 event loop", lambda: loop_health(sizes)),
         ("6 scaling", lambda: scaling(sizes)),
     ]
+    # Subprocess figures, run after the others (nothing else runs while they time imports).
+    blocking: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("5 footprint", lambda: footprint(sizes)),
+        ("7 pytest plugin", lambda: plugin_cost(sizes)),
+    ]
     for name, step in steps:
-        print(f"running {name} ...", file=sys.stderr, flush=True)
-        figures[name] = await step()
-    figures["5 footprint"] = footprint(sizes)
+        if only is None or name.startswith(only + " "):
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            figures[name] = await step()
+    for name, blocking_step in blocking:
+        if only is None or name.startswith(only + " "):
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            figures[name] = blocking_step()
     if compare and other is None:
         figures["note"] = "aiohttp-oauth2-client is not installed: pip install -e '.[bench]'"
     return figures
 
 
 def print_table(figures: dict[str, Any]) -> None:
-    print(f"gql-service-auth benchmarks, Python {figures['python']}\n")
+    print(f"gql-service-auth benchmarks, Python {figures['python']}")
+    for name, printer in (
+        ("1 overhead", _print_overhead),
+        ("2 stampede", _print_stampede),
+        ("3 early renewal", _print_renewal),
+        ("4 event loop", _print_loop_health),
+        ("5 footprint", _print_footprint),
+        ("6 scaling", _print_scaling),
+        ("7 pytest plugin", _print_plugin_cost),
+    ):
+        if name in figures:
+            print()
+            printer(figures)
+    if "note" in figures:
+        print(f"\nnote: {figures['note']}")
+
+
+def _print_overhead(figures: dict[str, Any]) -> None:
     print("1. Per-request overhead   goal: ratio >= 0.98")
     print("   our layer alone (canned in-memory session, no network): extra us per request")
     for name, extra in figures["1 layer cost"].items():
@@ -552,10 +654,13 @@ def print_table(figures: dict[str, Any]) -> None:
                 f"ratio {row['ratio']:.3f}   client CPU {row['client_cpu_us_per_request']:6.1f} "
                 f"us/request ({row['extra_cpu_us_per_request']:+6.1f})"
             )
+
+
+def _print_stampede(figures: dict[str, Any]) -> None:
     stampede = dict(figures["2 stampede"])
     ttl = stampede.pop("token_ttl")
     print(
-        f"\n2. Stampede (emulator, 50 ms token latency, {ttl:g} s tokens)"
+        f"2. Stampede (emulator, 50 ms token latency, {ttl:g} s tokens)"
         "   goal: 1 token request, 0 failed"
     )
     for name, phases in stampede.items():
@@ -564,9 +669,12 @@ def print_table(figures: dict[str, Any]) -> None:
                 f"     {name:<24} {phase:<17} {row['token_requests']:>4} token requests   "
                 f"{row['failed_queries']:>5} failed"
             )
+
+
+def _print_renewal(figures: dict[str, Any]) -> None:
     renewal = figures["3 early renewal"]
     print(
-        "\n3. Early renewal   goal: 0 UNAUTHENTICATED, 0 failed, token requests within one of "
+        "3. Early renewal   goal: 0 UNAUTHENTICATED, 0 failed, token requests within one of "
         "the margin rule"
     )
     print(
@@ -576,8 +684,11 @@ def print_table(figures: dict[str, Any]) -> None:
         f"{renewal['token_requests']} token requests "
         f"(rule: {renewal['token_requests_by_margin_rule']})"
     )
+
+
+def _print_loop_health(figures: dict[str, Any]) -> None:
     health = figures["4 event loop"]
-    print("\n4. Event-loop health (5 ms heartbeat, token fetches of 50 ms)   goal: <= 1 ms stall")
+    print("4. Event-loop health (5 ms heartbeat, token fetches of 50 ms)   goal: <= 1 ms stall")
     for name in ("baseline", "oauth2"):
         row = health[name]
         print(
@@ -585,14 +696,20 @@ def print_table(figures: dict[str, Any]) -> None:
             f"p99 {row['p99_stall_ms']:.2f} ms"
         )
     print(f"     token fetches during the oauth2 run: {health['token_requests']}")
+
+
+def _print_footprint(figures: dict[str, Any]) -> None:
     foot = figures["5 footprint"]
-    print("\n5. Footprint")
+    print("5. Footprint")
     for name, value in foot["import_ms"].items():
         print(f"     import {name:<46} {value:>6.1f} ms")
     for name, value in foot["bytes_per_instance"].items():
         print(f"     one {name:<24} {value:>8} bytes")
+
+
+def _print_scaling(figures: dict[str, Any]) -> None:
     print(
-        "\n6. Scaling (lean server; most token requests of a cold first wave, then median warm"
+        "6. Scaling (lean server; most token requests of a cold first wave, then median warm"
         " throughput)   goal: flat token requests, ratio near 1"
     )
     for concurrency, row in figures["6 scaling"].items():
@@ -602,8 +719,22 @@ def print_table(figures: dict[str, Any]) -> None:
             f"oauth2 {row['oauth2']['queries_per_second']:>8.1f} q/s   ratio {row['ratio']:.3f}"
             f"   token requests {row['oauth2']['token_requests']}"
         )
-    if "note" in figures:
-        print(f"\nnote: {figures['note']}")
+
+
+def _print_plugin_cost(figures: dict[str, Any]) -> None:
+    cost = figures["7 pytest plugin"]
+    print(
+        f"7. pytest plugin: a one-test run, medians of {cost['runs']} interleaved runs"
+        "   goal: under 20 ms more than without the plugin"
+    )
+    for name, value in cost["wall_median_ms"].items():
+        print(
+            f"     {name:<34} {value:>7.1f} ms wall   {cost['cpu_median_ms'][name]:>7.1f} ms CPU"
+        )
+    paired = cost["paired_difference_ms"]
+    label = "difference (paired)"
+    print(f"     {label:<34} {paired['wall']:>+7.1f} ms wall   {paired['cpu']:>+7.1f} ms CPU")
+    print(f"     {'importing the plugin module':<34} {cost['plugin_import_ms']:>7.2f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -613,13 +744,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
+    parser.add_argument(
+        "--only", choices=[str(n) for n in range(1, 8)], help="run only this figure's number"
+    )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()
     if args.rounds is not None:
         sizes = dataclasses.replace(sizes, rounds=max(args.rounds, 1))
     # The comparison runs only in full runs: tiny runs prove the script works, and with
     # tiny's short tokens aiohttp-oauth2-client (30 s early expiry) refetches per request.
-    figures = asyncio.run(run(sizes, compare=not args.tiny))
+    figures = asyncio.run(run(sizes, compare=not args.tiny and args.only is None, only=args.only))
     if args.json:
         print(json.dumps(figures, indent=2))
     else:

@@ -1,34 +1,76 @@
 """Authenticating gql transports for the service: API key and OAuth 2.0 client credentials."""
 
-from ._errors import (
-    ApiKeyRejectedError,
-    ApiKeyRejectedHTTPError,
-    ConfigurationError,
-    GqlServiceAuthError,
-    TokenRequestError,
-    UnauthenticatedError,
-    UnauthenticatedHTTPError,
-)
-from ._events import AuthEvent, EventHook, EventName
-from ._oauth2 import ClientAuthMethod, RetryPolicy
-from ._token_session import TokenSessionArgs
-from ._tokens import AccessToken, Clock
-from .transports import (
-    AIOHTTPTransportOptions,
-    ApiKeyOptions,
-    ApiKeyTransport,
-    OAuth2Options,
-    OAuth2Transport,
-)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._errors import (
+        ApiKeyRejectedError,
+        ApiKeyRejectedHTTPError,
+        ConfigurationError,
+        GqlServiceAuthError,
+        TokenRequestError,
+        UnauthenticatedError,
+        UnauthenticatedHTTPError,
+    )
+    from ._events import AuthEvent, EventHook, EventName
+    from ._oauth2 import ClientAuthMethod, RetryPolicy
+    from ._token_session import TokenSessionArgs
+    from ._tokens import AccessToken, Clock
+    from .transports import (
+        AIOHTTPTransportOptions,
+        ApiKeyOptions,
+        ApiKeyTransport,
+        OAuth2Options,
+        OAuth2Transport,
+    )
+
+    __version__: str
+
+# The re-exports are imported on first use (PEP 562). Importing any submodule runs this
+# file first, and pytest imports one of them, the plugin, in every run once the package
+# is installed: gql and aiohttp (about 400 ms) must wait until a name is used. The first
+# use imports them all, so that the module then looks as if imported eagerly.
+_HOMES: dict[str, str] = {
+    "AIOHTTPTransportOptions": "transports",
+    "AccessToken": "_tokens",
+    "ApiKeyOptions": "transports",
+    "ApiKeyRejectedError": "_errors",
+    "ApiKeyRejectedHTTPError": "_errors",
+    "ApiKeyTransport": "transports",
+    "AuthEvent": "_events",
+    "ClientAuthMethod": "_oauth2",
+    "Clock": "_tokens",
+    "ConfigurationError": "_errors",
+    "EventHook": "_events",
+    "EventName": "_events",
+    "GqlServiceAuthError": "_errors",
+    "OAuth2Options": "transports",
+    "OAuth2Transport": "transports",
+    "RetryPolicy": "_oauth2",
+    "TokenRequestError": "_errors",
+    "TokenSessionArgs": "_token_session",
+    "UnauthenticatedError": "_errors",
+    "UnauthenticatedHTTPError": "_errors",
+}
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> object:
+    if name in _HOMES:
+        from importlib import import_module
+
+        for public, home in _HOMES.items():
+            globals()[public] = getattr(import_module(f".{home}", __name__), public)
+        return globals()[name]
     # Resolved on first use, as stamina does: importlib.metadata costs ~6 ms at import.
     if name == "__version__":
         from importlib.metadata import version
 
         return version("gql-service-auth")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __all__ = [

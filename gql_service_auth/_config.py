@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 from collections.abc import Mapping
 
 from yarl import URL
 
+from ._constants import LOGGER_NAME
 from ._errors import ConfigurationError
+
+logger = logging.getLogger(LOGGER_NAME)
 
 
 def read_env(environ: Mapping[str, str], name: str) -> str:
@@ -24,6 +28,27 @@ def read_env(environ: Mapping[str, str], name: str) -> str:
 def join_url(base: str, path: str) -> str:
     """``base`` with ``path`` appended, however many slashes the base ends with."""
     return base.rstrip("/") + path
+
+
+def env_url(environ: Mapping[str, str], name: str, path: str) -> str:
+    """The endpoint under the URL in variable ``name``: its value with ``path`` appended.
+
+    A value that already ends with ``path`` is used as it is: people paste the endpoint's
+    full URL where the host is asked for, and ``/graphql/graphql`` would only answer 404.
+    That is logged at INFO, once per variable and value: the value is accepted and works,
+    and a program that builds a transport per call should not repeat it.
+    """
+    base = read_env(environ, name)
+    if not base.rstrip("/").endswith(path):
+        return join_url(base, path)
+    if (name, base) not in _NOTED:
+        _NOTED.add((name, base))
+        # Not the value: a URL may carry more than a host.
+        logger.info("%s.url_path_already_present variable=%s path=%s", LOGGER_NAME, name, path)
+    return base.rstrip("/")
+
+
+_NOTED: set[tuple[str, str]] = set()
 
 
 def is_loopback(host: str | None) -> bool:

@@ -144,3 +144,19 @@ class ApiKeyRejectedHTTPError(ApiKeyRejectedError, UnauthenticatedHTTPError):
     An :class:`ApiKeyRejectedError` that is also gql's ``TransportServerError`` with
     ``code == 401``; see :class:`UnauthenticatedHTTPError`.
     """
+
+
+# Tracebacks, reprs and docs show gql_service_auth.TokenRequestError, where users import it
+# from, not this private module (httpx and attrs do the same). Pickle looks classes up by
+# module and name, and finds them there too.
+for _public in (
+    GqlServiceAuthError,
+    ConfigurationError,
+    TokenRequestError,
+    UnauthenticatedError,
+    ApiKeyRejectedError,
+    UnauthenticatedHTTPError,
+    ApiKeyRejectedHTTPError,
+):
+    _public.__module__ = "gql_service_auth"
+del _public

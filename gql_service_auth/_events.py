@@ -1,7 +1,7 @@
 """Events of the token life cycle: logged under stable names and handed to a user hook."""
 
-from __future__ import annotations
-
+# No "from __future__ import annotations": AuthEvent's annotations stay objects, so
+# typing.get_type_hints(AuthEvent) needs no lookup in the module its __module__ names.
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +17,7 @@ EventName: TypeAlias = Literal[
     "token_expires_in_ignored",
     "request_retry_scheduled",
 ]
-"""What happened; the log record's message is ``"gql_service_auth." + name``."""
+"""What happened; the log record's message starts with ``"gql_service_auth." + name``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,12 @@ class AuthEvent:
         reason: For ``token_fetched``: ``"initial"`` (first token), ``"expiring"``
             (early or late renewal of an expiring token) or ``"rejected"`` (renewal
             after the API refused the token).
-        attempt: Number of the attempt that just failed, from 1.
+        attempt: Number of the attempt that just failed, from 1. For
+            ``token_request_failed``, the requests made to the token endpoint; ``None``
+            when the fetch was cut off or broke before the grant could count them.
+        max_attempts: The most attempts allowed, so ``attempt`` reads "2 of 4":
+            ``RetryPolicy.attempts`` for token requests, ``max_renewals + 1`` for
+            ``request_retry_scheduled``.
         wait: Seconds until the next attempt.
         duration: Seconds the token fetch took, retries included.
         expires_in: Seconds of lifetime the server gave the new token; ``None`` when it
@@ -50,12 +55,16 @@ class AuthEvent:
     name: EventName
     reason: str | None = None
     attempt: int | None = None
+    max_attempts: int | None = None
     wait: float | None = None
     duration: float | None = None
     expires_in: float | None = None
     status: int | None = None
     error: str | None = None
 
+
+# Shown as gql_service_auth.AuthEvent, where users import it from (see _errors.py).
+AuthEvent.__module__ = "gql_service_auth"
 
 EventHook: TypeAlias = Callable[[AuthEvent], None]
 """A callable that receives every :class:`AuthEvent`, e.g. to count renewals.
@@ -79,6 +88,27 @@ _LEVELS: dict[EventName, int] = {
 }
 
 
+# The fields a log message shows, in this order, each with its %-conversion. The message
+# leads with the stable event name, then logfmt-style key=value pairs, so that a program
+# that never configured logging (Python then prints the bare message) still says what
+# happened. "attempt" is shown as attempt/max_attempts.
+_MESSAGE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("status", "%d"),
+    ("error", "%s"),
+    ("attempt", "%d"),
+    ("wait", "%.3f"),
+    ("reason", "%s"),
+    ("expires_in", "%g"),
+    ("duration", "%.3f"),
+)
+
+
+def _plain(text: str) -> str:
+    # An RFC 6749 error code is plain ASCII (section 5.2); anything else a server sent is
+    # quoted, so that it cannot break the line or pass for another key=value pair.
+    return text if text.isascii() and text.isprintable() and " " not in text else repr(text)
+
+
 class Emitter:
     """Logs each event under its stable name and passes it to the user's hook."""
 
@@ -89,17 +119,29 @@ class Emitter:
 
     def __call__(self, event: AuthEvent) -> None:
         level = _LEVELS[event.name]
-        if logger.isEnabledFor(level):
+        if logger.isEnabledFor(level):  # nothing is built for a disabled level
             fields = {k: getattr(event, k) for k in AuthEvent.__slots__ if k != "name"}
+            # A constant template per event and set of fields, with lazy arguments: log
+            # services group records by template, and a handler formats only what it emits.
+            template = LOGGER_NAME + "." + event.name
+            args: list[object] = []
+            for key, conversion in _MESSAGE_FIELDS:
+                value = fields[key]
+                if value is None:
+                    continue
+                template += " " + key + "=" + conversion
+                args.append(_plain(value) if isinstance(value, str) else value)
+                if key == "attempt" and event.max_attempts is not None:
+                    template += "/%d"
+                    args.append(event.max_attempts)
             logger.log(
                 level,
-                "%s.%s",
-                LOGGER_NAME,
-                event.name,
+                template,
+                *args,
                 extra={"gql_service_auth": {k: v for k, v in fields.items() if v is not None}},
             )
         if self._hook is not None:
             try:
                 self._hook(event)
             except Exception:
-                logger.exception("%s.hook_failed", LOGGER_NAME)
+                logger.exception("%s.hook_failed event=%s", LOGGER_NAME, event.name)

@@ -117,6 +117,10 @@ class RetryPolicy:
         return float(pause) + random.uniform(0, self.wait_jitter)
 
 
+# Shown as gql_service_auth.RetryPolicy, where users import it from (see _errors.py).
+RetryPolicy.__module__ = "gql_service_auth"
+
+
 @dataclass(frozen=True, slots=True)
 class FormAnswer:
     """What an HTTP stack hands back from the token endpoint.
@@ -247,6 +251,10 @@ _HINTS: Mapping[str, str] = {
         "and token_auth_method"
     ),
 }
+_WRONG_TOKEN_URL = (
+    "Wrong token_url? It must be the service's {auth_url}/oauth2/token; from_env() "
+    "appends /oauth2/token to SERVICE_AUTH_URL"
+)
 _TRANSIENT_CODES = frozenset({"temporarily_unavailable", "server_error", "slow_down"})
 
 
@@ -411,6 +419,7 @@ class ClientCredentialsGrant:
             AuthEvent(
                 "token_request_retry_scheduled",
                 attempt=state.attempt_number,
+                max_attempts=self._policy.attempts,
                 wait=state.upcoming_sleep,
                 status=getattr(error, "status", None),
                 error=getattr(error, "error", None) or type(error).__name__,
@@ -504,7 +513,13 @@ class ClientCredentialsGrant:
         retryable = _is_transient_status(status) or error in _TRANSIENT_CODES
         if error is not None:
             error = self._redact(error)
-        if error is not None and error in _HINTS:
+        reason = "the token endpoint refused the request"
+        if status in (404, 405):
+            # No such path, or a path that takes no POST: the URL is wrong, whatever the
+            # body says; the credentials were never looked at.
+            reason = "nothing takes token requests at token_url"
+            hint = _WRONG_TOKEN_URL
+        elif error is not None and error in _HINTS:
             hint = _HINTS[error]
         elif status == 407:
             hint = (
@@ -519,9 +534,7 @@ class ClientCredentialsGrant:
         else:
             hint = "Check token_url and the credentials"
         raise TokenRequestError(
-            f"the token endpoint refused the request (HTTP {status}"
-            + (f", {error}" if error else "")
-            + ")",
+            f"{reason} (HTTP {status}" + (f", {error}" if error else "") + ")",
             status=status,
             error=error,
             error_description=self._redact(description) if description else None,

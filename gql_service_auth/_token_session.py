@@ -53,6 +53,8 @@ class TokenSessionArgs(TypedDict, total=False):
     max_field_size: int
 
 
+# Shown where users import it from, as the errors are (see _errors.py).
+TokenSessionArgs.__module__ = "gql_service_auth"
 ACCEPTED_KEYS: Final = frozenset(TokenSessionArgs.__annotations__)
 """The keys of ``token_session_args``; any other is refused."""
 

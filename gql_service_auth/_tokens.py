@@ -104,6 +104,11 @@ class AccessToken:
         )
 
 
+# Shown as gql_service_auth.AccessToken, where users import it from (see _errors.py).
+AccessToken.__module__ = "gql_service_auth"
+Clock.__module__ = "gql_service_auth"
+
+
 class RenewalSpent(Exception):
     """The renewal that followed the refused token was itself refused.
 
@@ -188,6 +193,8 @@ class TokenManager:
         fetch_timeout: Seconds after which a fetch is cut off, whatever ``fetch`` does.
         cooldown: Seconds renewals pause after the n-th consecutive refusal of a token
             that no answer had accepted; ``None`` never pauses.
+        max_attempts: The most requests ``fetch`` makes for one token, shown in
+            ``token_request_failed`` events; ``None`` when unknown.
         clock: Monotonic clock in seconds, for token lifetimes.
         emit: Receives the life-cycle events; called on the fetch's thread for fetch
             events.
@@ -201,6 +208,7 @@ class TokenManager:
         default_expires_in: float,
         fetch_timeout: float,
         cooldown: Callable[[int], float] | None = None,
+        max_attempts: int | None = None,
         clock: Clock = time.monotonic,
         emit: Callable[[AuthEvent], None] | None = None,
     ) -> None:
@@ -209,6 +217,7 @@ class TokenManager:
         self._default_expires_in = default_expires_in
         self._fetch_timeout = fetch_timeout
         self._cooldown = cooldown
+        self._max_attempts = max_attempts
         self._clock = clock
         self._emit = emit or Emitter(None)
         self._reset()
@@ -234,7 +243,13 @@ class TokenManager:
     # A transport is copied (pickle, copy.deepcopy) with its settings, not with its token,
     # flights or locks: the copy starts cold, as a new transport would.
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("_fetch", "_refresh_margin", "_default_expires_in", "_fetch_timeout")
+        keep = (
+            "_fetch",
+            "_refresh_margin",
+            "_default_expires_in",
+            "_fetch_timeout",
+            "_max_attempts",
+        )
         state = {name: self.__dict__[name] for name in keep}
         state.update(_cooldown=self._cooldown, _clock=self._clock, _emit=self._emit)
         return state
@@ -469,6 +484,8 @@ class TokenManager:
             # headers) go, since crash reporters read the locals of tracebacks.
             clear_locals(exc)
             error: BaseException = exc
+            # Only the fetcher's own error counted its requests; a cut-off fetch did not.
+            attempts = exc.attempts if isinstance(exc, TokenRequestError) else None
             if isinstance(exc, asyncio.TimeoutError):
                 error = TokenRequestError(
                     f"the token fetch did not finish within {self._fetch_timeout:g} s",
@@ -495,6 +512,8 @@ class TokenManager:
                     AuthEvent(
                         "token_request_failed",
                         reason=flight.reason,
+                        attempt=attempts,
+                        max_attempts=self._max_attempts if attempts is not None else None,
                         duration=time.monotonic() - began,
                         status=getattr(error, "status", None),
                         error=getattr(error, "error", None) or type(exc).__name__,

@@ -1,11 +1,11 @@
 """The ``gql-service-auth`` command: check credentials, serve the emulator, run the demo.
 
 Exit codes:
-    0: success.
+    0: success; also ``emulator`` stopped by Ctrl+C or SIGTERM, its normal way to stop.
     1: the service or the authorization server refused the credentials.
     2: bad usage or configuration (a missing variable, an unreadable file...).
-    3: the service could not be reached or answered in an unexpected way.
-    130: interrupted (Ctrl+C).
+    3: the service could not be reached or answered in an unexpected way (a wrong URL).
+    130: ``check`` or ``demo`` interrupted (Ctrl+C).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -26,7 +27,15 @@ from typing import Any, Final, TextIO
 from gql import Client, gql
 from gql.transport.exceptions import TransportError
 
-from ._constants import ENV_AUTH_URL, ENV_BASE_URL, ENV_CLIENT_ID, ENV_CLIENT_SECRET
+from ._constants import (
+    DEFAULT_EXPIRES_IN,
+    ENV_AUTH_URL,
+    ENV_BASE_URL,
+    ENV_CLIENT_ID,
+    ENV_CLIENT_SECRET,
+    GRAPHQL_PATH,
+    LOGGER_NAME,
+)
 from ._errors import (
     ConfigurationError,
     TokenRequestError,
@@ -44,10 +53,38 @@ EXIT_INTERRUPTED: Final = 130
 
 _CHECK_QUERY = "query ($first: Int) { carriers(first: $first) { edges { node { id name } } } }"
 
-_FALLBACK_NOTE = (
-    "The service refused these credentials as an API key. Credentials registered before "
-    "2024-05-13 cannot be used as an API key, so OAuth2 is tried with the same credentials. "
-    "New credentials created in the console would allow the API key."
+EXIT_CODES: Final = (
+    "Exit codes: 0 ok, 1 credentials refused, 2 usage or configuration error, 3 service "
+    "unreachable or unexpected answer, 130 interrupted. The emulator command exits 0 when "
+    "Ctrl+C or SIGTERM stops it."
+)
+"""The exit codes as ``--help`` tells them; the README says the same."""
+
+# What auto's API key refusal means depends on what OAuth2 then made of the same
+# credentials: only their acceptance proves the 2024-05-13 rule is the cause.
+_NOTE_RULE = (
+    "The service refused these credentials as an API key, and OAuth2 accepted them: "
+    "credentials registered before 2024-05-13 cannot be used as an API key. New credentials "
+    "created in the console would allow the API key."
+)
+_NOTE_WRONG = (
+    "The authorization server refused these credentials too, so the Client Id or Client "
+    "Secret is wrong (the 2024-05-13 rule refuses only the API key): check "
+    f"{ENV_CLIENT_ID} and {ENV_CLIENT_SECRET}."
+)
+_NOTE_EITHER = (
+    "The service refused these credentials as an API key. Either the Client Id or Client "
+    "Secret is wrong, or the credentials were registered before 2024-05-13 and work only "
+    "with OAuth2{}."
+)
+_NOTE_ELSEWHERE = (
+    "The authorization server accepted these credentials, but the service refused both the "
+    f"API key and the token: check that {ENV_BASE_URL} and {ENV_AUTH_URL} belong to the same "
+    "environment."
+)
+_NO_AUTH_URL = (
+    f"OAuth2 needs the authorization server: pass --auth-url or set {ENV_AUTH_URL} "
+    "(the API key alone does not)"
 )
 
 
@@ -72,40 +109,61 @@ class _Report:
     token_expires_in: float | None = None
     access_token: str | None = None
     carriers: list[dict[str, str]] = field(default_factory=list)
+    error: str | None = None
     exit_code: int = EXIT_OK
 
 
 def _parser() -> argparse.ArgumentParser:
+    # Every command takes -v: the report says what went wrong, the log records how.
+    verbosity = argparse.ArgumentParser(add_help=False)
+    verbosity.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="also log token requests and retries to stderr (-vv: every event)",
+    )
     parser = argparse.ArgumentParser(
         prog="gql-service-auth",
         description="Check credentials against the service, serve its emulator, or run the demo.",
-        epilog="Exit codes: 0 ok, 1 credentials refused, 2 usage or configuration error, "
-        "3 service unreachable, 130 interrupted.",
+        epilog=EXIT_CODES,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     check = commands.add_parser(
         "check",
+        parents=[verbosity],
         help="run the authentication check query with real credentials",
         description="Run the contract's check query (carriers) and tell which method works. "
         f"Settings default to the {ENV_BASE_URL}, {ENV_AUTH_URL}, {ENV_CLIENT_ID} and "
-        f"{ENV_CLIENT_SECRET} environment variables.",
+        f"{ENV_CLIENT_SECRET} environment variables; {ENV_AUTH_URL} is needed only when "
+        "OAuth2 is tried.",
+        epilog=EXIT_CODES,
     )
     check.add_argument(
         "--method",
         choices=("auto", "api-key", "oauth2"),
         default="auto",
-        help="auto tries the API key, then OAuth2 (default: auto)",
+        help="auto tries the API key, then OAuth2 if the key is refused (default: auto)",
     )
-    check.add_argument("--base-url", help=f"API host (default: ${ENV_BASE_URL})")
-    check.add_argument("--auth-url", help=f"authorization server (default: ${ENV_AUTH_URL})")
+    check.add_argument(
+        "--base-url",
+        help=f"API host; /graphql is appended unless it ends with it (default: ${ENV_BASE_URL})",
+    )
+    check.add_argument(
+        "--auth-url",
+        help=f"authorization server, for OAuth2 only; /oauth2/token is appended unless it "
+        f"ends with it (default: ${ENV_AUTH_URL})",
+    )
     check.add_argument("--client-id", help=f"Client Id (default: ${ENV_CLIENT_ID})")
     check.add_argument(
         "--client-secret",
         help=f"Client Secret (default: ${ENV_CLIENT_SECRET}; prefer the variable, since "
         "arguments are visible to other users of the machine)",
     )
-    check.add_argument("--first", type=int, default=5, help="carriers to show (default: 5)")
+    check.add_argument(
+        "--first", type=int, default=5, metavar="N", help="carriers to show (default: 5)"
+    )
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.add_argument(
         "--show-token",
@@ -121,8 +179,8 @@ def _parser() -> argparse.ArgumentParser:
     emulator = commands.add_parser(
         "emulator",
         help="serve the service emulator on 127.0.0.1",
-        description="Serve the emulator until interrupted, and print the SERVICE_* variables "
-        "that point the other commands and the examples at it.",
+        description="Serve the emulator until Ctrl+C or SIGTERM stops it (exit code 0), and "
+        "print the SERVICE_* variables that point the other commands and the examples at it.",
     )
     emulator.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
     emulator.add_argument("--port", type=int, default=8000, help="port, 0 for any (default: 8000)")
@@ -132,12 +190,16 @@ def _parser() -> argparse.ArgumentParser:
     emulator.add_argument(
         "--clients",
         type=Path,
+        metavar="FILE",
         help='JSON file of credentials: [{"client_id": ..., "client_secret": ..., '
         '"registered": "YYYY-MM-DD", "scopes": [...]}]',
     )
 
     demo = commands.add_parser(
-        "demo", help="show the whole story against the embedded emulator (about 10 s)"
+        "demo",
+        parents=[verbosity],
+        help="show the whole story against the embedded emulator (about 10 s)",
+        description="Show the whole story against the embedded emulator (about 10 s).",
     )
     demo.add_argument(
         "--token-ttl", type=float, default=2.0, help="token lifetime in seconds (default: 2)"
@@ -159,10 +221,13 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # argparse exits on --help and on bad usage
         return int(exit_.code or 0)
+    _configure_logging(getattr(args, "verbose", 0))
     try:
         if args.command == "check":
             report = asyncio.run(_check(args, os.environ if environ is None else environ))
             _print_report(report, args.json, sys.stdout)
+            if report.error is not None:
+                print(f"gql-service-auth: error: {report.error}", file=sys.stderr)
             return report.exit_code
         if args.command == "emulator":
             return asyncio.run(_serve(args))
@@ -174,6 +239,25 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _configure_logging(verbose: int) -> None:
+    """One plain line on stderr per log record, unless the caller set up logging already.
+
+    Python's fallback for a program that configured nothing prints bare messages. The
+    report already tells of every failure, so this package's records show only with -v
+    (INFO: token requests retried or failed, tokens refused) or -vv (DEBUG: every event);
+    warnings of other libraries always show.
+    """
+    root = logging.getLogger()
+    if root.handlers:  # main() called by a program with a logging setup of its own
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    levels = {0: logging.ERROR, 1: logging.INFO}
+    logging.getLogger(LOGGER_NAME).setLevel(levels.get(verbose, logging.DEBUG))
 
 
 def _setting(value: str | None, environ: Mapping[str, str], name: str, flag: str) -> str:
@@ -192,35 +276,63 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
             args.client_secret, environ, ENV_CLIENT_SECRET, "--client-secret"
         ),
     }
-    if args.method != "api-key":
-        settings[ENV_AUTH_URL] = _setting(args.auth_url, environ, ENV_AUTH_URL, "--auth-url")
+    # The auth URL is asked for only where OAuth2 is tried: auto with a working API key
+    # needs none.
+    auth_url = args.auth_url if args.auth_url is not None else environ.get(ENV_AUTH_URL, "")
+    if auth_url.strip():
+        settings[ENV_AUTH_URL] = auth_url.strip()
+    elif args.method == "oauth2":
+        raise _UsageError(f"no --auth-url: pass --auth-url or set {ENV_AUTH_URL}")
     if not 1 <= args.first <= 100:
         raise _UsageError("--first must be between 1 and 100")
     report = _Report()
+    if settings[ENV_BASE_URL].rstrip("/").endswith(GRAPHQL_PATH):
+        report.notes.append(
+            f"The base URL ends in {GRAPHQL_PATH}, so it is used as the GraphQL endpoint as it "
+            f"is. {ENV_BASE_URL} is meant to be the API host, without {GRAPHQL_PATH}."
+        )
 
     if args.method in ("auto", "api-key"):
         api_key = ApiKeyTransport.from_env(settings, allow_insecure_http=args.allow_insecure_http)
-        refused = await _query_step(report, "api_key", api_key, args.first)
+        failure = await _query_step(report, "api_key", api_key, args.first)
         if report.ok:
             report.method = "api-key"
             return report
-        if not refused or args.method == "api-key":
+        if not isinstance(failure, UnauthenticatedError) or args.method == "api-key":
             return report
-        report.notes.append(_FALLBACK_NOTE)
+        if ENV_AUTH_URL not in settings:
+            report.notes.append(_NOTE_EITHER.format(""))
+            report.error = _NO_AUTH_URL
+            report.exit_code = EXIT_USAGE
+            return report
 
-    fetched: list[AuthEvent] = []
+    events: list[AuthEvent] = []
     oauth2 = OAuth2Transport.from_env(
         settings,
         allow_insecure_http=args.allow_insecure_http,
-        on_event=lambda event: fetched.append(event) if event.name == "token_fetched" else None,
+        on_event=lambda event: events.append(event) if event.name in _TOKEN_EVENTS else None,
     )
-    await _query_step(report, "oauth2", oauth2, args.first, fetched)
+    failure = await _query_step(report, "oauth2", oauth2, args.first, events)
     if report.ok:
         report.method = "oauth2"
         token = oauth2.token
         if args.show_token and token is not None:
             report.access_token = token.value
+    if args.method == "auto":
+        if report.ok:
+            report.notes.append(_NOTE_RULE)
+        elif isinstance(failure, TokenRequestError) and (
+            failure.error == "invalid_client" or (failure.error is None and failure.status == 401)
+        ):
+            report.notes.append(_NOTE_WRONG)
+        elif isinstance(failure, UnauthenticatedError):
+            report.notes.append(_NOTE_ELSEWHERE)
+        else:
+            report.notes.append(_NOTE_EITHER.format(", which could not be checked"))
     return report
+
+
+_TOKEN_EVENTS: Final = frozenset({"token_fetched", "token_request_failed"})
 
 
 async def _query_step(
@@ -229,50 +341,72 @@ async def _query_step(
     transport: ApiKeyTransport | OAuth2Transport,
     first: int,
     fetched: list[AuthEvent] | None = None,
-) -> bool:
-    """Run the check query; record the steps. Returns whether the credentials were refused."""
+) -> Exception | None:
+    """Run the check query and record the steps; returns the error that ended it, if any."""
     started = time.perf_counter()
     try:
         async with Client(transport=transport) as session:
             query = gql(_CHECK_QUERY)
             query.variable_values = {"first": first}
             result = await session.execute(query)
-    except (UnauthenticatedError, TokenRequestError) as exc:
+    except TokenRequestError as exc:
+        # No token, so no query was sent: the token line tells the failure. The fetch's
+        # thread reports the fetch's own duration just after the caller sees the error;
+        # until it has, the time until the error stands in.
+        elapsed = _ms_since(started)
+        failed = next((e for e in fetched or () if e.name == "token_request_failed"), None)
+        latency = round(failed.duration * 1000, 1) if failed and failed.duration else elapsed
+        report.steps.append(_Step("token", False, latency, str(exc)))
+        report.exit_code = _token_exit_code(exc)
+        return exc
+    except UnauthenticatedError as exc:
         _token_step(report, fetched)
         report.steps.append(_Step(name, False, _ms_since(started), str(exc)))
-        report.exit_code = (
-            EXIT_UNREACHABLE
-            if isinstance(exc, TokenRequestError) and exc.retryable
-            else EXIT_REFUSED
-        )
-        return not isinstance(exc, TokenRequestError)
+        report.exit_code = EXIT_REFUSED
+        return exc
     except (TransportError, OSError, asyncio.TimeoutError) as exc:
         report.steps.append(_Step(name, False, _ms_since(started), f"{type(exc).__name__}: {exc}"))
         report.exit_code = EXIT_UNREACHABLE
-        return False
+        return exc
     elapsed = _ms_since(started)
     token_ms = _token_step(report, fetched)
     edges = result.get("carriers", {}).get("edges", [])
     report.carriers = [edge["node"] for edge in edges]
+    count = len(report.carriers)
     report.steps.append(
-        _Step(name, True, round(elapsed - token_ms, 1), f"{len(report.carriers)} carriers")
+        _Step(
+            name, True, round(elapsed - token_ms, 1), f"{count} carrier{'' if count == 1 else 's'}"
+        )
     )
     report.ok = True
     report.exit_code = EXIT_OK
-    return False
+    return None
+
+
+def _token_exit_code(exc: TokenRequestError) -> int:
+    """1 when the authorization server refused the credentials, else 3.
+
+    RFC 6749 section 5.2 refuses with 400 or 401 (403 from some servers). Anything else
+    (a 404 or 405 from a wrong token_url, a redirect, 5xx, no answer) says nothing of the
+    credentials.
+    """
+    if exc.status in (400, 401, 403) and not exc.retryable:
+        return EXIT_REFUSED
+    return EXIT_UNREACHABLE
 
 
 def _token_step(report: _Report, fetched: list[AuthEvent] | None) -> float:
-    if not fetched:
+    event = next((e for e in fetched or () if e.name == "token_fetched"), None)
+    if event is None:
         return 0.0
-    event = fetched[0]
     duration = round((event.duration or 0.0) * 1000, 1)
     report.token_expires_in = event.expires_in
-    lifetime = (
-        f"expires in {event.expires_in:g} s"
-        if event.expires_in is not None
-        else ("no expires_in given")
-    )
+    if event.expires_in is None:
+        lifetime = f"no expires_in given: {DEFAULT_EXPIRES_IN:g} s assumed"
+    elif event.expires_in <= 0:
+        lifetime = f"expires_in {event.expires_in:g} ignored: {DEFAULT_EXPIRES_IN:g} s assumed"
+    else:
+        lifetime = f"expires in {event.expires_in:g} s"
     report.steps.append(_Step("token", True, duration, lifetime))
     return duration
 
@@ -288,8 +422,9 @@ def _print_report(report: _Report, as_json: bool, out: TextIO) -> None:
     if as_json:
         document: dict[str, Any] = asdict(report)
         del document["exit_code"]
-        if document["access_token"] is None:
-            del document["access_token"]
+        for optional in ("access_token", "error"):
+            if document[optional] is None:
+                del document[optional]
         print(json.dumps(document, indent=2), file=out)
         return
     for step in report.steps:
@@ -298,9 +433,9 @@ def _print_report(report: _Report, as_json: bool, out: TextIO) -> None:
             f"{_LABELS[step.name]:<13} {outcome:<6} {step.latency_ms:>8.1f} ms  {step.detail}",
             file=out,
         )
-        if step.name == "api_key" and not step.ok:
-            for note in report.notes:
-                print(f"  note: {note}", file=out)
+    # After the steps: what a refused API key means depends on what OAuth2 made of it.
+    for note in report.notes:
+        print(f"  note: {note}", file=out)
     if report.ok:
         print(f"\nmethod that works: {report.method}", file=out)
         for carrier in report.carriers:

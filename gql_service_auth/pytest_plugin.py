@@ -27,10 +27,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from .emulator import ClientRecord, Emulator, ManualClock
+if TYPE_CHECKING:
+    from .emulator import ClientRecord, Emulator, ManualClock
+
+# pytest imports this module in every run once the package is installed, whether or not
+# a test asks for a fixture: it imports nothing of the package at load time (see
+# __init__.py). The fixtures import the emulator, and with it aiohttp and gql, when used.
 
 _MARKER = "service_emulator"
 
@@ -58,12 +64,16 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def service_clock() -> ManualClock:
     """A clock that moves only on ``advance()``; the emulator uses it when it is requested."""
+    from .emulator import ManualClock
+
     return ManualClock()
 
 
 @pytest.fixture
 def service_emulator(request: pytest.FixtureRequest) -> Iterator[Emulator]:
     """The service emulator on 127.0.0.1, serving from a thread of its own."""
+    from .emulator import Emulator
+
     clock: Callable[[], float] = time.monotonic
     if "service_clock" in request.fixturenames:
         clock = request.getfixturevalue("service_clock")

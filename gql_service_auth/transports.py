@@ -36,7 +36,7 @@ from tenacity import (
 from yarl import URL
 
 from . import _fork
-from ._config import check_url, join_url, read_env
+from ._config import check_url, env_url, read_env
 from ._constants import (
     DEFAULT_EXPIRES_IN,
     DEFAULT_MAX_RENEWALS,
@@ -47,6 +47,7 @@ from ._constants import (
     ENV_CLIENT_SECRET,
     FETCH_GRACE,
     GRAPHQL_PATH,
+    MAX_SERVER_TEXT,
     TOKEN_PATH,
     UNAUTHENTICATED,
 )
@@ -122,11 +123,10 @@ class ApiKeyOptions(AIOHTTPTransportOptions, total=False):
     allow_insecure_http: bool
 
 
-_API_KEY_REFUSED: Final = (
-    "the service refused the API key ({how}). Either client_id or client_secret "
-    "is wrong, or the credentials were registered before 2024-05-13: such credentials "
-    "cannot be used as an API key. Use OAuth2Transport with the same credentials, or "
-    "create new credentials in the console to use the API key"
+_API_KEY_ADVICE: Final = (
+    "Either client_id or client_secret is wrong, or the credentials were registered before "
+    "2024-05-13: such credentials cannot be used as an API key. Use OAuth2Transport with the "
+    "same credentials, or create new credentials in the console to use the API key"
 )
 
 # gql's transport keeps the files of an upload in one attribute per transport, opened
@@ -231,6 +231,19 @@ def _is_refusal(errors: object) -> bool:
             if isinstance(extensions, Mapping) and extensions.get("code") == UNAUTHENTICATED:
                 return True
     return False
+
+
+def _refusal_message(errors: object) -> str | None:
+    """The ``message`` of the first refusal in ``errors``, shortened; ``None`` if it has none."""
+    for error in errors if isinstance(errors, list) else ():
+        if _is_refusal([error]):
+            message = error.get("message")
+            if isinstance(message, str) and message.strip():
+                message = message.strip()
+                if len(message) > MAX_SERVER_TEXT:
+                    message = message[:MAX_SERVER_TEXT] + "..."
+                return message
+    return None
 
 
 def _during_execution(errors: object) -> bool:
@@ -488,39 +501,58 @@ class ApiKeyTransport(_AuthenticatingTransport):
 
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] = os.environ, **kwargs: Unpack[ApiKeyOptions]
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Unpack[ApiKeyOptions],
     ) -> Self:
         """Build the transport from the ``SERVICE_*`` environment variables.
 
-        Reads ``SERVICE_BASE_URL`` (``/graphql`` is appended), ``SERVICE_CLIENT_ID`` and
-        ``SERVICE_CLIENT_SECRET``.
+        Reads ``SERVICE_BASE_URL`` (``/graphql`` is appended unless it ends with it),
+        ``SERVICE_CLIENT_ID`` and ``SERVICE_CLIENT_SECRET``. A setting given by keyword
+        wins: its variable is then not read.
 
         Args:
             environ: Where to read the variables; the process environment by default.
+            url: The GraphQL endpoint; ``None`` reads ``SERVICE_BASE_URL``.
+            client_id: The Client Id; ``None`` reads ``SERVICE_CLIENT_ID``.
+            client_secret: The Client Secret; ``None`` reads ``SERVICE_CLIENT_SECRET``.
             **kwargs: Passed to the constructor.
 
         Raises:
             ConfigurationError: a variable is missing or empty; the message names it.
         """
         return cls(
-            join_url(read_env(environ, ENV_BASE_URL), GRAPHQL_PATH),
-            client_id=read_env(environ, ENV_CLIENT_ID),
-            client_secret=read_env(environ, ENV_CLIENT_SECRET),
+            url if url is not None else env_url(environ, ENV_BASE_URL, GRAPHQL_PATH),
+            client_id=client_id if client_id is not None else read_env(environ, ENV_CLIENT_ID),
+            client_secret=(
+                client_secret
+                if client_secret is not None
+                else read_env(environ, ENV_CLIENT_SECRET)
+            ),
             **kwargs,
         )
 
     def _refused(self, answer: ExecutionResult | _Bare401) -> ApiKeyRejectedError:
         if isinstance(answer, _Bare401):
             return _http_401(
-                ApiKeyRejectedHTTPError, answer, _API_KEY_REFUSED.format(how="HTTP 401")
+                ApiKeyRejectedHTTPError,
+                answer,
+                f"the service refused the API key (HTTP 401). {_API_KEY_ADVICE}",
             )
         # The service may quote the key it refused; the error must not.
         errors, data, extensions = _answer_parts(answer, [self._credentials.client_secret])
+        # What the service said tells a wrong secret from the 2024-05-13 rule; the
+        # message must say it, since most people read only the message.
+        said = _refusal_message(errors)
+        message = "the service refused the API key (UNAUTHENTICATED)"
+        if said is not None:
+            message += f"; server said: {said!r}"
         return ApiKeyRejectedError(
-            _API_KEY_REFUSED.format(how="UNAUTHENTICATED"),
-            errors=errors,
-            data=data,
-            extensions=extensions,
+            f"{message}. {_API_KEY_ADVICE}", errors=errors, data=data, extensions=extensions
         )
 
     async def execute(
@@ -727,31 +759,51 @@ class OAuth2Transport(_AuthenticatingTransport):
             default_expires_in=float(default_expires_in),
             fetch_timeout=self._policy.timeout + FETCH_GRACE,
             cooldown=self._policy.pause_after,
+            max_attempts=self._policy.attempts,
             clock=clock or time.monotonic,
             emit=self._emit,
         )
 
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] = os.environ, **kwargs: Unpack[OAuth2Options]
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        url: str | None = None,
+        token_url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Unpack[OAuth2Options],
     ) -> Self:
         """Build the transport from the ``SERVICE_*`` environment variables.
 
         Reads ``SERVICE_BASE_URL`` and ``SERVICE_AUTH_URL`` (``/graphql`` and
-        ``/oauth2/token`` are appended), ``SERVICE_CLIENT_ID`` and ``SERVICE_CLIENT_SECRET``.
+        ``/oauth2/token`` are appended unless they end with them), ``SERVICE_CLIENT_ID``
+        and ``SERVICE_CLIENT_SECRET``. A setting given by keyword wins: its variable is
+        then not read.
 
         Args:
             environ: Where to read the variables; the process environment by default.
+            url: The GraphQL endpoint; ``None`` reads ``SERVICE_BASE_URL``.
+            token_url: The token endpoint; ``None`` reads ``SERVICE_AUTH_URL``.
+            client_id: The Client Id; ``None`` reads ``SERVICE_CLIENT_ID``.
+            client_secret: The Client Secret; ``None`` reads ``SERVICE_CLIENT_SECRET``.
             **kwargs: Passed to the constructor.
 
         Raises:
             ConfigurationError: a variable is missing or empty; the message names it.
         """
         return cls(
-            join_url(read_env(environ, ENV_BASE_URL), GRAPHQL_PATH),
-            token_url=join_url(read_env(environ, ENV_AUTH_URL), TOKEN_PATH),
-            client_id=read_env(environ, ENV_CLIENT_ID),
-            client_secret=read_env(environ, ENV_CLIENT_SECRET),
+            url if url is not None else env_url(environ, ENV_BASE_URL, GRAPHQL_PATH),
+            token_url=(
+                token_url if token_url is not None else env_url(environ, ENV_AUTH_URL, TOKEN_PATH)
+            ),
+            client_id=client_id if client_id is not None else read_env(environ, ENV_CLIENT_ID),
+            client_secret=(
+                client_secret
+                if client_secret is not None
+                else read_env(environ, ENV_CLIENT_SECRET)
+            ),
             **kwargs,
         )
 
@@ -998,7 +1050,10 @@ class OAuth2Transport(_AuthenticatingTransport):
     def _before_resend(self, state: RetryCallState) -> None:
         self._emit(
             AuthEvent(
-                "request_retry_scheduled", attempt=state.attempt_number, wait=state.upcoming_sleep
+                "request_retry_scheduled",
+                attempt=state.attempt_number,
+                max_attempts=self._max_renewals + 1,
+                wait=state.upcoming_sleep,
             )
         )
 

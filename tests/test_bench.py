@@ -28,8 +28,8 @@ def figures() -> dict[str, Any]:
     return result
 
 
-def test_all_six_figures_are_reported(figures: dict[str, Any]) -> None:
-    """Each of the six figures is in the output."""
+def test_all_seven_figures_are_reported(figures: dict[str, Any]) -> None:
+    """Each of the seven figures is in the output."""
     for key in (
         "1 overhead",
         "1 layer cost",
@@ -38,6 +38,7 @@ def test_all_six_figures_are_reported(figures: dict[str, Any]) -> None:
         "4 event loop",
         "5 footprint",
         "6 scaling",
+        "7 pytest plugin",
     ):
         assert key in figures
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gql_service_auth.cli import main
+from gql_service_auth.cli import EXIT_CODES, main
 from gql_service_auth.emulator import Emulator
 
 
@@ -93,6 +93,113 @@ def test_wrong_secret_exits_1(emulator: Emulator, capsys: pytest.CaptureFixture[
     assert "wrong-secret-value" not in out + err
 
 
+def test_wrong_secret_is_not_blamed_on_the_2024_rule(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The service's reason is shown, and the note says the secret is wrong, not the date."""
+    environ = {**emulator.environ(), "SERVICE_CLIENT_SECRET": "wrong-secret-value"}
+    _, out, _ = _run(capsys, ["check"], environ)
+    assert "server said: 'invalid API key'" in _line(out, "API key")
+    assert _line(out, "OAuth2 token").split()[2] == "FAILED"
+    (note,) = [line for line in out.splitlines() if "note:" in line]
+    assert "Client Id or Client Secret is wrong" in note
+    assert "cannot be used as an API key" not in note
+
+
+def test_legacy_note_follows_what_oauth2_proved(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 2024-05-13 rule is named as the cause once OAuth2 accepted the same credentials."""
+    _, out, _ = _run(capsys, ["check"], emulator.environ(emulator.legacy_client))
+    assert "server said: 'API key authentication is not available" in _line(out, "API key")
+    (note,) = [line for line in out.splitlines() if "note:" in line]
+    assert "OAuth2 accepted them" in note
+    assert "registered before 2024-05-13 cannot be used as an API key" in note
+
+
+def test_auto_needs_no_auth_url_when_the_api_key_works(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check in auto mode runs on SERVICE_BASE_URL and the credentials alone."""
+    environ = emulator.environ()
+    del environ["SERVICE_AUTH_URL"]
+    code, out, err = _run(capsys, ["check"], environ)
+    assert code == 0, err
+    assert "method that works: api-key" in out
+    assert emulator.counters.token_requests == 0
+
+
+def test_auto_asks_for_the_auth_url_only_when_oauth2_is_reached(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refused API key without an auth URL: the API key line, then exit 2 naming the variable."""
+    environ = emulator.environ(emulator.legacy_client)
+    del environ["SERVICE_AUTH_URL"]
+    code, out, err = _run(capsys, ["check"], environ)
+    assert code == 2
+    assert _line(out, "API key").split()[2] == "FAILED"
+    assert "SERVICE_AUTH_URL" in err
+    assert "--auth-url" in err
+    assert emulator.counters.token_requests == 0
+
+
+@pytest.mark.parametrize("status", [404, 405])
+def test_token_endpoint_404_or_405_exits_3_saying_wrong_token_url(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str], status: int
+) -> None:
+    """No token endpoint at that URL is a wrong URL (exit 3), not refused credentials (1)."""
+    environ = emulator.environ()
+    if status == 404:
+        environ["SERVICE_AUTH_URL"] = emulator.base_url + "/nowhere"
+    else:
+        emulator.fail_token_requests(1, 405)
+    code, out, _ = _run(capsys, ["check", "--method", "oauth2"], environ)
+    assert code == 3
+    token_line = _line(out, "OAuth2 token")
+    assert token_line.split()[2] == "FAILED"
+    assert f"HTTP {status}" in token_line
+    assert "Wrong token_url?" in token_line
+    assert "OAuth2 query" not in out  # no token, so no query: the token line says it all
+    # Not retried: the emulator counts the 405 (the 404 never reaches its token route).
+    assert emulator.counters.token_requests == (1 if status == 405 else 0)
+
+
+def test_failed_token_request_is_reported_on_the_token_line(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refused token request shows as the token step's failure, with its own latency."""
+    environ = {**emulator.environ(), "SERVICE_CLIENT_SECRET": "wrong-secret-value"}
+    code, out, _ = _run(capsys, ["check", "--method", "oauth2", "--json"], environ)
+    document = json.loads(out)
+    assert code == 1
+    assert [(step["name"], step["ok"]) for step in document["steps"]] == [("token", False)]
+    assert "invalid_client" in document["steps"][0]["detail"]
+
+
+def test_one_carrier_is_singular(emulator: Emulator, capsys: pytest.CaptureFixture[str]) -> None:
+    """--first 1 reports "1 carrier"."""
+    _, out, _ = _run(capsys, ["check", "--method", "api-key", "--first", "1"], emulator.environ())
+    assert _line(out, "API key").endswith("  1 carrier")
+
+
+def test_base_url_ending_in_graphql_is_used_as_it_is(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SERVICE_BASE_URL=.../graphql works (no /graphql/graphql), and a note says so once."""
+    environ = {**emulator.environ(), "SERVICE_BASE_URL": emulator.base_url + "/graphql/"}
+    code, out, _ = _run(capsys, ["check"], environ)
+    assert code == 0
+    assert out.count("note:") == 1
+    assert "used as the GraphQL endpoint as it is" in out
+    assert [r.path for r in emulator.requests] == ["/graphql"]
+
+
+def _line(out: str, label: str) -> str:
+    """The report line of one step."""
+    (line,) = [line for line in out.splitlines() if line.startswith(label + " ")]
+    return line
+
+
 def test_flags_override_the_environment(
     emulator: Emulator, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -123,9 +230,10 @@ def test_missing_setting_exits_2(
     """A missing setting names the variable and the flag; exit code 2."""
     environ = emulator.environ()
     del environ[missing]
-    code, _, err = _run(capsys, ["check"], environ)
+    code, _, err = _run(capsys, ["check", "--method", "oauth2"], environ)
     assert code == 2
     assert missing in err
+    assert emulator.counters.graphql_requests + emulator.counters.token_requests == 0
 
 
 def test_unreachable_service_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,6 +247,15 @@ def test_unreachable_service_exits_3(capsys: pytest.CaptureFixture[str]) -> None
     code, out, _ = _run(capsys, ["check", "--method", "api-key"], environ)
     assert code == 3
     assert "TransportConnectionFailed" in out
+
+
+def test_help_and_readme_tell_the_same_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help of the command and of check, and the README, give the same exit codes."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert EXIT_CODES in " ".join(readme.replace("`", "").split())
+    for argv in (["--help"], ["check", "--help"]):
+        assert main(argv, environ={}) == 0
+        assert EXIT_CODES in " ".join(capsys.readouterr().out.split())
 
 
 def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -244,3 +361,43 @@ def test_bad_clients_file_exits_2(
     clients.write_text(content)
     assert main(["emulator", "--port", "0", "--clients", str(clients)], environ={}) == 2
     assert "clients.json" in capsys.readouterr().err
+
+
+def test_emulator_command_exits_0_on_sigterm() -> None:
+    """SIGTERM stops the emulator as Ctrl+C does, with exit code 0, as --help says."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "gql_service_auth", "emulator", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stdout is not None
+        try:
+            assert "Ctrl+C to stop" in process.stdout.readline()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_cli_logging_stays_off_the_report(emulator: Emulator, verbose: bool) -> None:
+    """The CLI prints no bare log line; -v shows token retries as key=value lines on stderr."""
+    emulator.fail_token_requests(1, 503)
+    completed = subprocess.run(
+        [sys.executable, "-m", "gql_service_auth", "check", "--method", "oauth2"]
+        + (["-v"] if verbose else []),
+        env={**os.environ, **emulator.environ()},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "gql_service_auth" not in completed.stdout
+    if verbose:
+        assert completed.stderr.startswith(
+            "INFO: gql_service_auth.token_request_retry_scheduled status=503 "
+            "error=temporarily_unavailable attempt=1/4 wait="
+        )
+        assert emulator.recent_client.client_secret not in completed.stderr
+    else:
+        assert completed.stderr == ""

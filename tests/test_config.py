@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -57,6 +58,63 @@ def test_from_env_passes_keywords_through() -> None:
     transport = OAuth2Transport.from_env(environ, headers={"X-Team": "a"}, max_renewals=2)
     assert transport.headers == {"X-Team": "a"}
     assert transport.token_url == "https://auth.example.com/oauth2/token"
+
+
+def test_from_env_keywords_win_over_the_environment() -> None:
+    """url, token_url, client_id and client_secret given by keyword replace their variable."""
+    environ = {
+        "SERVICE_BASE_URL": "https://api.example.com",
+        "SERVICE_CLIENT_ID": "env-id",
+        "SERVICE_CLIENT_SECRET": "env-secret",
+    }
+    transport = OAuth2Transport.from_env(
+        environ, token_url="https://auth.example.com/token", client_secret=SECRET
+    )
+    assert transport.token_url == "https://auth.example.com/token"  # no SERVICE_AUTH_URL read
+    assert transport._credentials.client_secret == SECRET
+    assert transport._credentials.client_id == "env-id"
+    environ["SERVICE_AUTH_URL"] = "https://other.example.com"
+    transport = OAuth2Transport.from_env(
+        environ, url="https://api.example.com/v2/graphql", token_url="https://a.example.com/t"
+    )
+    assert (transport.url, transport.token_url) == (
+        "https://api.example.com/v2/graphql",
+        "https://a.example.com/t",
+    )
+    api_key = ApiKeyTransport.from_env(
+        {}, url="https://x.example.com/graphql", client_id="i", client_secret=SECRET
+    )
+    assert api_key.url == "https://x.example.com/graphql"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "path"),
+    [
+        ("SERVICE_BASE_URL", "https://{host}/graphql", "/graphql"),
+        ("SERVICE_BASE_URL", "https://{host}/graphql/", "/graphql"),
+        ("SERVICE_AUTH_URL", "https://{host}/oauth2/token", "/oauth2/token"),
+    ],
+)
+def test_url_already_ending_in_the_path_is_used_as_it_is_and_said_once(
+    caplog: pytest.LogCaptureFixture, variable: str, value: str, path: str
+) -> None:
+    """A variable holding the endpoint's full URL does not get the path twice; one INFO says so."""
+    caplog.set_level(logging.INFO, logger="gql_service_auth")
+    # A host of its own per test: the note is logged once per variable and value.
+    host = f"{variable.lower().replace('_', '-')}-{len(value)}.example.com"
+    environ = {
+        "SERVICE_BASE_URL": "https://api.example.com",
+        "SERVICE_AUTH_URL": "https://auth.example.com",
+        "SERVICE_CLIENT_ID": "id",
+        "SERVICE_CLIENT_SECRET": SECRET,
+        variable: value.format(host=host),
+    }
+    for _ in range(3):
+        transport = OAuth2Transport.from_env(environ)
+    endpoint = transport.url if variable == "SERVICE_BASE_URL" else transport.token_url
+    assert endpoint == f"https://{host}{path}"
+    notes = [r.getMessage() for r in caplog.records if "url_path_already_present" in r.msg]
+    assert notes == [f"gql_service_auth.url_path_already_present variable={variable} path={path}"]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,9 @@
 """The public API is exactly what ``__all__`` lists."""
 
+import pickle
+import traceback
+import typing
+
 import gql_service_auth
 import gql_service_auth.emulator
 
@@ -28,3 +32,52 @@ def test_version_comes_from_metadata() -> None:
     from importlib.metadata import version
 
     assert gql_service_auth.__version__ == version("gql-service-auth")
+
+
+def test_public_classes_name_the_module_users_import_them_from() -> None:
+    """Classes of gql_service_auth's private modules say gql_service_auth, and still resolve."""
+    for name in gql_service_auth.__all__:
+        value = getattr(gql_service_auth, name)
+        if isinstance(value, type):
+            # The package itself, or the public module that defines it (transports).
+            assert not any(p.startswith("_") for p in value.__module__.split(".")), name
+            if value.__module__ == "gql_service_auth":
+                # Annotations are resolved in the module __module__ names: they must be.
+                typing.get_type_hints(value)
+    assert gql_service_auth.TokenRequestError.__module__ == "gql_service_auth"
+
+
+def test_tracebacks_show_the_public_name() -> None:
+    """A traceback prints gql_service_auth.TokenRequestError, where users import it from."""
+    try:
+        raise gql_service_auth.TokenRequestError("no token", status=503)
+    except gql_service_auth.TokenRequestError as exc:
+        text = "".join(traceback.format_exception(exc))
+    assert "gql_service_auth.TokenRequestError: no token" in text
+    assert "_errors" not in text
+
+
+def test_public_errors_and_values_still_pickle() -> None:
+    """Pickle finds each class under its public module, and the copy keeps its attributes."""
+    error = gql_service_auth.TokenRequestError("refused", status=401, error="invalid_client")
+    error.attempts = 2
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is gql_service_auth.TokenRequestError
+    assert (str(copy), copy.status, copy.error, copy.attempts) == (
+        str(error),
+        401,
+        "invalid_client",
+        2,
+    )
+    rejected = gql_service_auth.ApiKeyRejectedError("refused", errors=[{"message": "x"}])
+    assert pickle.loads(pickle.dumps(rejected)).errors == [{"message": "x"}]
+    for value in (
+        gql_service_auth.RetryPolicy(attempts=2),
+        gql_service_auth.AuthEvent("token_fetched", reason="initial"),
+    ):
+        assert pickle.loads(pickle.dumps(value)) == value
+
+
+def test_lazy_names_are_listed() -> None:
+    """dir() lists every public name, though the package imports them on first use."""
+    assert set(gql_service_auth.__all__) <= set(dir(gql_service_auth))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
@@ -80,3 +84,35 @@ def test_typo(service_emulator):
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*no knob 'token_tll'*"])
+
+
+HEAVY = ("aiohttp", "gql", "graphql", "gql_service_auth.emulator", "gql_service_auth.transports")
+"""Modules a run that never asks for a fixture must not import (about 400 ms)."""
+
+
+def test_importing_the_plugin_imports_nothing_heavy() -> None:
+    """pytest imports the plugin in every run: that alone imports no emulator, aiohttp or gql."""
+    probe = (
+        "import json, sys; import gql_service_auth.pytest_plugin; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert not set(HEAVY) & set(json.loads(completed.stdout))
+
+
+def test_a_run_that_uses_no_fixture_imports_nothing_heavy(pytester: pytest.Pytester) -> None:
+    """In a suite that never asks for the fixtures, the plugin is loaded and costs no import."""
+    pytester.makeini(INI)
+    pytester.makepyfile(
+        test_plain=f"""
+import sys
+
+def test_plain(request):
+    assert request.config.pluginmanager.has_plugin("gql_service_auth")
+    assert not set({HEAVY!r}) & set(sys.modules)
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)

@@ -68,7 +68,12 @@ def test_block_runs_against_the_emulator(block: Block, emulator: Emulator, tmp_p
         code = code.replace(placeholder, emulator.base_url)
     script = tmp_path / ("test_block.py" if block.kind == "pytest" else "block.py")
     script.write_text(code, encoding="utf-8")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
+    # A proxy of the machine's (a block uses trust_env) must not stand between it and 127.0.0.1.
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SERVICE_") and not k.lower().endswith("_proxy")
+    }
     environ.update(emulator.environ())
     if block.kind == "pytest":
         # As in a user's project, where pytest-asyncio (installed here) wants its scope set.

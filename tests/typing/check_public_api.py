@@ -34,6 +34,8 @@ renewals: list[AuthEvent] = []
 def count(event: AuthEvent) -> None:
     if event.name == "token_fetched" and event.reason != "initial":
         renewals.append(event)
+    bound: int | None = event.max_attempts
+    print(bound)
 
 
 oauth2 = OAuth2Transport(
@@ -76,6 +78,9 @@ proxied = OAuth2Transport(
 )
 proxied_from_env = OAuth2Transport.from_env(
     {}, token_proxy="http://proxy.example.com:3128", token_session_args={"trust_env": False}
+)
+explicit: OAuth2Transport = OAuth2Transport.from_env(
+    {}, url="https://api.example.com/graphql", token_url="https://a.example.com/t", client_id="i"
 )
 token: AccessToken | None = oauth2.token
 expires_at: float | None = token.expires_at if token is not None else None
