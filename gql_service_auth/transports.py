@@ -8,6 +8,7 @@ They only attach the ``Authorization`` header to each request and react to the s
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from ssl import SSLContext
-from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict, TypeVar
 
 import aiohttp
 from aiohttp.client_reqrep import Fingerprint
@@ -80,6 +81,28 @@ __all__ = [
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
+_P = ParamSpec("_P")
+
+
+def _forgets_arguments_on_error(method: Callable[_P, _T]) -> Callable[_P, _T]:
+    """``method``, whose failures keep none of its arguments in their traceback's locals.
+
+    A constructor's arguments hold the client secret and a proxy's password, and a
+    refused one (a ConfigurationError) keeps every library frame it went through, with
+    their locals, in its traceback: crash reporters such as Sentry capture those. Here
+    those frames are cleared, and this one lets go of the arguments before re-raising.
+    """
+
+    @functools.wraps(method)
+    def forgetting(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            del args, kwargs
+            clear_locals(exc)
+            raise
+
+    return forgetting
 
 
 class AIOHTTPTransportOptions(TypedDict, total=False):
@@ -379,7 +402,9 @@ class _AuthenticatingTransport(AIOHTTPTransport):
         _fork.reset_in_child(self)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} url={str(self.url)!r}>"
+        # getattr: a constructor that failed leaves an instance without url, which a
+        # debugger or a crash reporter may still show.
+        return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
 
     # gql's sync Client.execute connects, executes and closes on the calling thread's event
     # loop, so one transport serves several loops. An aiohttp session belongs to the loop
@@ -463,6 +488,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
             ``Authorization`` entry in ``headers``.
     """
 
+    @_forgets_arguments_on_error
     def __init__(
         self,
         url: str | URL,
@@ -487,6 +513,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
         )  # fmt: skip
 
     @classmethod
+    @_forgets_arguments_on_error
     def from_env(
         cls, environ: Mapping[str, str] = os.environ, **kwargs: Unpack[ApiKeyOptions]
     ) -> Self:
@@ -657,6 +684,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         ConfigurationError: a bad argument; the message says which.
     """
 
+    @_forgets_arguments_on_error
     def __init__(
         self,
         url: str | URL,
@@ -732,6 +760,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         )
 
     @classmethod
+    @_forgets_arguments_on_error
     def from_env(
         cls, environ: Mapping[str, str] = os.environ, **kwargs: Unpack[OAuth2Options]
     ) -> Self:
