@@ -448,6 +448,7 @@ class _AuthenticatingTransport(AIOHTTPTransport):
         state = self.__dict__.copy()
         state["_sessions"] = {}
         state.pop("response_headers", None)
+        state.pop("_bare_refusal", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -684,6 +685,10 @@ class OAuth2Transport(_AuthenticatingTransport):
         ConfigurationError: a bad argument; the message says which.
     """
 
+    # The last refusal that dropped a token, when it was a bare HTTP 401 (else None): a call
+    # that fails at once while renewals are paused ends as that one did, gql's 401 error too.
+    _bare_refusal: _Bare401 | None = None
+
     @_forgets_arguments_on_error
     def __init__(
         self,
@@ -897,6 +902,7 @@ class OAuth2Transport(_AuthenticatingTransport):
             ):
                 if _is_refusal(result.errors):
                     self._tokens.invalidate(token)
+                    self._bare_refusal = None
                 yield result
         except BaseException as exc:
             redact_chain(exc, [self._credentials.client_secret, token.value])
@@ -904,8 +910,9 @@ class OAuth2Transport(_AuthenticatingTransport):
             # gql raises this for any 401 to a subscription, body or not: a refusal.
             if isinstance(exc, TransportServerError) and exc.code == 401:
                 self._tokens.invalidate(token)
+                self._bare_refusal = bare = _Bare401(exc)
                 why = "it is a subscription, whose stream is never sent twice"
-                raise _not_resent(_Bare401(exc), why, [], dropped=True) from exc
+                raise _not_resent(bare, why, [], dropped=True) from exc
             raise
 
     async def _token(self, *, min_ttl: float = 0.0) -> AccessToken:
@@ -913,7 +920,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         try:
             return await self._tokens.get(min_ttl=min_ttl)
         except RenewalPaused as paused:
-            error = _paused(paused)
+            error = _paused(paused, self._bare_refusal)
         raise error  # outside the except block: the internal signal stays out of the chain
 
     async def _send_with_renewal(
@@ -1017,6 +1024,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         else:
             # Only the first of many requests refused with this token renews it.
             self._tokens.invalidate(token)
+            self._bare_refusal = outcome if isinstance(outcome, _Bare401) else None
         if why_not is not None:
             secrets = [self._credentials.client_secret, token.value]
             error = _not_resent(outcome, why_not, secrets, dropped=dropped)
@@ -1123,11 +1131,19 @@ def _not_resent(
     )
 
 
-def _paused(paused: RenewalPaused) -> UnauthenticatedError:
-    return UnauthenticatedError(
+def _paused(paused: RenewalPaused, bare: _Bare401 | None) -> UnauthenticatedError:
+    """The error of a call that fails at once while renewals are paused.
+
+    When the refusals that caused the pause were bare HTTP 401s, it is gql's 401 error
+    too, as the calls that met them ended: code written for gql catches both alike.
+    """
+    message = (
         f"the service refused the last {paused.refusals} access tokens before accepting "
         f"any request with them; renewals are paused for {paused.remaining:.1f} s to spare "
         "the authorization server. Check that url and token_url belong to the same "
         "environment (SERVICE_BASE_URL, SERVICE_AUTH_URL) and that the credentials' "
         "project may use the API"
     )
+    if bare is not None:
+        return _http_401(UnauthenticatedHTTPError, bare, message)
+    return UnauthenticatedError(message)

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gql import Client, GraphQLRequest
+from gql import Client, GraphQLRequest, gql
 from gql.transport.exceptions import TransportError, TransportQueryError, TransportServerError
 from support import COUNT, RENAME, UNAUTHENTICATED_ERROR, exception_chain
 from yarl import URL
@@ -42,6 +42,7 @@ from gql_service_auth import (
 from gql_service_auth.emulator import Emulator
 
 GQL_401 = "401, message='Unauthorized'"
+SUBSCRIPTION = gql("subscription { carrierRenamed { id } }")
 ONE_ATTEMPT = RetryPolicy(attempts=1, wait_initial=0, wait_max=0, wait_jitter=0)
 # Matches the autouse leak scanner of conftest.py wherever it shows.
 PROXY_PASSWORD = "emu-secret-Pr0xyPassw0rdForTheReview"
@@ -202,6 +203,46 @@ async def test_an_api_key_batch_refused_with_a_bare_401_in_a_reconnecting_sessio
         await client.close_async()
     assert caught.value.code == 401
     assert emulator.counters.graphql_requests == 1
+
+
+async def test_a_call_failing_fast_while_bare_401s_pause_renewals_is_gqls_error_too(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """The next call after renewals were spent on bare 401s ends at once, in the pause they
+    caused: code written for gql, which saw a TransportServerError (401) for the first,
+    must catch the second as one too, not as a TransportQueryError without errors."""
+    _bare_401s(emulator)
+    emulator.refuse_all_tokens = True
+    policy = RetryPolicy(wait_initial=5, wait_max=5, wait_jitter=0)
+    async with Client(transport=make_oauth2(retry=policy)) as session:
+        with pytest.raises(TransportServerError) as first:
+            await session.execute(COUNT)
+        with pytest.raises(TransportServerError) as paused:
+            await session.execute(COUNT)
+        with pytest.raises(TransportServerError):
+            async for _ in session.subscribe(SUBSCRIPTION):
+                pass
+    assert isinstance(first.value, UnauthenticatedHTTPError)
+    assert isinstance(paused.value, UnauthenticatedHTTPError)
+    assert paused.value.code == 401
+    assert str(paused.value).startswith(GQL_401)
+    assert "paused" in str(paused.value)
+    assert emulator.counters.graphql_requests == 2  # nothing sent while paused
+    assert emulator.counters.token_requests == 2
+
+
+async def test_a_call_failing_fast_while_body_refusals_pause_renewals_stays_a_query_error(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """The same pause after UNAUTHENTICATED bodies: no HTTP error, as before."""
+    emulator.refuse_all_tokens = True
+    policy = RetryPolicy(wait_initial=5, wait_max=5, wait_jitter=0)
+    async with Client(transport=make_oauth2(retry=policy)) as session:
+        with pytest.raises(UnauthenticatedError):
+            await session.execute(COUNT)
+        with pytest.raises(UnauthenticatedError, match="paused") as paused:
+            await session.execute(COUNT)
+    assert not isinstance(paused.value, TransportServerError)
 
 
 # -- 2. A mutation refused with a bare 401 runs once ----------------------------------------
@@ -608,3 +649,30 @@ async def test_a_failing_trace_callback_of_the_graphql_session_leaves_no_credent
             await session.execute(COUNT)
         token = transport.token.value if isinstance(transport, OAuth2Transport) else ""
     assert _shown(caught.value, [emulator.recent_client.client_secret, token]) == []
+
+
+# -- 8. Across fork: a child renews after a bare 401, through the token's proxy ----------------
+
+
+def test_a_forked_child_renews_through_the_token_proxy_after_a_bare_401(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], tmp_path: Path
+) -> None:
+    """The child's renewal goes through the proxy, as the parent's; neither disturbs the other."""
+    from test_runtime_boundaries import _in_child
+    from test_token_proxy import _running_proxy
+
+    def query_succeeds() -> None:
+        result = _blocking_execute(transport)
+        assert isinstance(result, dict), repr(result)
+
+    _bare_401s(emulator)
+    with _running_proxy(tmp_path / "proxy") as proxy:
+        transport = make_oauth2(token_proxy=proxy.url)
+        query_succeeds()
+        emulator.revoke_tokens()
+        child = _in_child(query_succeeds, timeout=20)
+        query_succeeds()  # the parent's token was revoked too: it renews on its own
+    assert child == (0, "ok")
+    via = ["proxy.py" in r.headers.get("Via", "") for r in emulator.requests if "token" in r.path]
+    assert via == [True, True, True]
+    assert emulator.counters.unauthenticated_responses == 2
