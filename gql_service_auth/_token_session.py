@@ -221,6 +221,11 @@ def resolve_token_session(
     """
     if token_session_args is None:
         source = "client_session_args"
+        if client_session_args is not None and not isinstance(client_session_args, Mapping):
+            raise ConfigurationError(
+                "client_session_args must be a dict of aiohttp ClientSession keywords, not "
+                f"{type(client_session_args).__name__}"
+            )
         chosen = {k: v for k, v in (client_session_args or {}).items() if k in INHERITED_KEYS}
     else:
         if not isinstance(token_session_args, Mapping):

@@ -521,6 +521,45 @@ async def test_a_graphql_proxy_password_aiohttp_cannot_send_is_not_shown(
     assert _shown(caught.value, [PROXY_PASSWORD]) == []
 
 
+@pytest.mark.parametrize("args", [[("trust_env", True)], "trust_env=1", 5])
+def test_client_session_args_that_are_not_a_mapping_are_a_configuration_error(
+    make_oauth2: Callable[..., OAuth2Transport], args: object
+) -> None:
+    """Read at construction for the token session's defaults: refused by name, not with
+    an AttributeError from inside the package."""
+    with pytest.raises(ConfigurationError, match="client_session_args must be a dict"):
+        make_oauth2(client_session_args=args)
+
+
+async def test_yarl_urls_with_a_query_or_a_fragment_work_for_url_and_token_url(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """aiohttp drops the fragment and sends the query; the checks let both through."""
+    url = URL(emulator.graphql_url).with_query(tenant="a").with_fragment("x")
+    token_url = URL(emulator.token_url).with_query(tenant="a").with_fragment("y")
+    async with Client(transport=make_oauth2(url=url, token_url=token_url)) as session:
+        assert (await session.execute(COUNT))["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 1
+
+
+@pytest.mark.parametrize("field", ["url", "token_url"])
+@pytest.mark.parametrize("userinfo", [f"u:{PROXY_PASSWORD}", f":{PROXY_PASSWORD}"])
+def test_a_yarl_url_with_credentials_is_refused_without_showing_them(
+    field: str, userinfo: str
+) -> None:
+    """A password in a yarl.URL shows nowhere: not in the message, not in frame locals."""
+    urls = {"url": "http://127.0.0.1/graphql", "token_url": "http://127.0.0.1/oauth2/token"}
+    urls[field] = urls[field].replace("//", f"//{userinfo}@")
+    with pytest.raises(ConfigurationError, match="must not carry credentials") as caught:
+        OAuth2Transport(
+            URL(urls["url"]),
+            token_url=URL(urls["token_url"]),
+            client_id="review-client",
+            client_secret=CLIENT_SECRET,
+        )
+    assert _shown(caught.value, [PROXY_PASSWORD, CLIENT_SECRET]) == []
+
+
 # -- 6. A refused constructor keeps no credential in its traceback's locals -----------------
 
 _BAD_SETTINGS: dict[str, dict[str, Any]] = {
