@@ -715,3 +715,45 @@ def test_a_forked_child_renews_through_the_token_proxy_after_a_bare_401(
     via = ["proxy.py" in r.headers.get("Via", "") for r in emulator.requests if "token" in r.path]
     assert via == [True, True, True]
     assert emulator.counters.unauthenticated_responses == 2
+
+
+# -- 9. Proxy failures, scanned down to the frames' locals -----------------------------------
+
+
+@pytest.mark.parametrize("how", ["url", "proxy_auth"])
+@pytest.mark.parametrize("failure", ["407", "407 to CONNECT", "unreachable"])
+async def test_a_failing_proxy_shows_its_password_nowhere_in_the_chain_or_its_frames(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    tmp_path: Path,
+    how: str,
+    failure: str,
+) -> None:
+    """proxy.py asking for other credentials, or no proxy listening at all."""
+    from test_token_proxy import _running_proxy
+
+    wrong = "emu-secret-WrongProxyPasswordGiven"
+    with contextlib.ExitStack() as stack:
+        if failure == "unreachable":
+            import socket
+
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                proxy = f"http://127.0.0.1:{probe.getsockname()[1]}"
+        else:
+            running = stack.enter_context(
+                _running_proxy(tmp_path / "proxy", "--basic-auth", f"tester:{PROXY_PASSWORD}")
+            )
+            proxy = running.url
+        token_url = "https://127.0.0.1:9/oauth2/token" if failure == "407 to CONNECT" else None
+        extra: dict[str, Any] = {"token_url": token_url} if token_url else {}
+        if how == "url":
+            extra["token_proxy"] = URL(proxy).with_user("tester").with_password(wrong)
+        else:
+            extra["token_session_args"] = {"proxy": proxy, "proxy_auth": _basic_auth(wrong)}
+        transport = make_oauth2(retry=ONE_ATTEMPT, **extra)
+        with pytest.raises(TokenRequestError) as caught:
+            async with Client(transport=transport) as session:
+                await session.execute(COUNT)
+    assert _shown(caught.value, _proxy_secrets("tester", wrong)) == []
+    assert emulator.counters.token_requests == 0
