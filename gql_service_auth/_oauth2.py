@@ -12,7 +12,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from ssl import SSLContext
@@ -136,6 +136,9 @@ class FormAnswer:
 class FormPoster(Protocol):
     """Sends a urlencoded form by POST, follows no redirect, and returns the answer.
 
+    A poster may also have a ``secrets()`` method returning credentials of its own (a
+    proxy's), which the grant then keeps out of its errors as it does the client secret.
+
     Raises:
         TokenRequestError: with ``retryable=True`` when no answer came (connection
             failure, timeout).
@@ -169,6 +172,10 @@ class AiohttpFormPoster:
     def __repr__(self) -> str:
         return f"<AiohttpFormPoster {self._session!r}>"
 
+    def secrets(self) -> list[str]:
+        """The proxy credentials a request may carry, which an answer may quote back."""
+        return self._session.secrets()
+
     async def __call__(
         self, url: str | URL, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
     ) -> FormAnswer:
@@ -199,11 +206,23 @@ class AiohttpFormPoster:
                     if len(body) > MAX_TOKEN_RESPONSE_BYTES:
                         break
                 return FormAnswer(response.status, CIMultiDict(response.headers), bytes(body))
+        except UnicodeEncodeError as exc:
+            # aiohttp encodes proxy credentials as latin-1 (those of HTTP_PROXY with
+            # trust_env; explicit ones were checked when the transport was built), and the
+            # error's arguments hold the whole "user:password" it could not encode.
+            redact_chain(exc)
+            raise TokenRequestError(
+                "could not encode the token request (UnicodeEncodeError)",
+                hint=(
+                    "Proxy credentials (in HTTP_PROXY/HTTPS_PROXY with trust_env, or in "
+                    "~/.netrc) must be latin-1 text, as HTTP Basic sends them"
+                ),
+            ) from exc
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             # aiohttp's records of the request (kept for the chain) hold the Basic header
             # of client_secret_basic, and a malformed answer may quote what it was sent;
             # a proxy's error may quote its own credentials.
-            sent = _sent_credentials(form, headers) + settings.secrets()
+            sent = _sent_credentials(form, headers) + self.secrets()
             redact_chain(exc, sent)
             detail = str(redact_text(str(exc), sent)) or "timed out"
             del sent
@@ -349,6 +368,9 @@ class ClientCredentialsGrant:
         self._auth_method = auth_method
         self._policy = policy
         self._post = post
+        # A poster may name secrets of its own (a proxy's credentials), which a proxy or a
+        # debugging page behind it may quote back, as a server may quote the client's.
+        self._post_secrets: Callable[[], list[str]] | None = getattr(post, "secrets", None)
         self._emit = emit
         form = {"grant_type": "client_credentials"}
         if scope:
@@ -431,8 +453,10 @@ class ClientCredentialsGrant:
         # secret must not reach a message.
         secret = self._credentials.client_secret
         basic = self._credentials.basic_authorization().partition(" ")[2]
-        for sent in (secret, quote_plus(secret), basic):
-            text = text.replace(sent, "***")
+        extra = self._post_secrets() if self._post_secrets is not None else []
+        for sent in (secret, quote_plus(secret), basic, *extra):
+            if sent:
+                text = text.replace(sent, "***")
         if len(text) > MAX_SERVER_TEXT:
             text = text[:MAX_SERVER_TEXT] + "..."
         return text

@@ -102,14 +102,32 @@ def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
                 for response in link.history:
                     # The record a redirect's response keeps of the request behind it.
                     response._request_info = _redacted_info(response.request_info)
+            if isinstance(link, UnicodeEncodeError) and _raised_and_handled_in_libraries(link):
+                _mask_unencodable(link)
             if needles:
                 _scrub_exception(link, needles)
         except Exception:  # a read-only or odd exception of the caller's: left as it is
             continue
 
 
+def _mask_unencodable(link: UnicodeEncodeError) -> None:
+    """Blank the text a library failed to encode, whose ``args`` and ``repr`` show it whole.
+
+    aiohttp encodes header values as latin-1, and a proxy's ``user:password`` is one: a
+    character beyond latin-1 puts the whole password in the error. Its length and the
+    positions stay, and so does a single unencodable character, which ``str()`` names.
+    """
+    text, start, end = link.object, link.start, link.end
+    kept = text[start:end] if end - start == 1 else REDACTED[0] * (end - start)
+    masked = REDACTED[0] * start + kept + REDACTED[0] * max(len(text) - end, 0)
+    if masked != text:
+        link.object = masked
+        link.args = tuple(masked if arg == text else arg for arg in link.args)
+
+
 _LIBRARY_MODULES: Final = (
     "aiohttp",
+    "aiosignal",  # aiohttp's trace signals: their frames hold a request's headers
     "asyncio",
     "concurrent.futures",
     "gql.",
@@ -137,6 +155,25 @@ def clear_locals(exc: BaseException) -> None:
         for frame in _frames(link):
             with contextlib.suppress(RuntimeError):  # a frame still running
                 frame.clear()
+    # An error raised during the call may come from user code the call ran (an aiohttp
+    # trace callback, a connector factory): its traceback reaches that code, yet it is no
+    # error the caller was handling. Along ``exc`` and what it was raised from, every frame
+    # below a traceback's first (where it was caught) has finished: library ones go too.
+    for link in _causes(exc):
+        for frame in _frames(link)[1:]:
+            if _is_library(frame):
+                with contextlib.suppress(RuntimeError):
+                    frame.clear()
+
+
+def _causes(exc: BaseException) -> Iterable[BaseException]:
+    """``exc`` and the exceptions it was raised from (``__cause__``), each once."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__
 
 
 def _frames(exc: BaseException) -> list[FrameType]:

@@ -14,6 +14,7 @@ token request to go where their traffic goes: ``trust_env`` (``HTTP_PROXY``,
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,13 +34,15 @@ class TokenSessionArgs(TypedDict, total=False):
     Attributes:
         trust_env: Take proxies from ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` (and
             ``~/.netrc``), as aiohttp does.
-        proxy: An ``http://`` or ``https://`` proxy URL; credentials may go in it.
+        proxy: An ``http://`` or ``https://`` proxy URL; credentials may go in it, in
+            latin-1 as HTTP Basic sends them.
         proxy_auth: Credentials for ``proxy``; they take the place of any in its URL.
         connector: A callable returning a new connector, such as
             ``functools.partial(aiohttp.TCPConnector, family=socket.AF_INET)``; called on
             the fetch's own event loop for each fetch, and closed after it.
-        trace_configs: aiohttp ``TraceConfig`` objects. Their callbacks see the request's
-            headers, the Basic credentials of ``client_secret_basic`` included.
+        trace_configs: aiohttp ``TraceConfig`` objects. Their callbacks run on the fetch's
+            own thread and event loop, and see the request's headers, the Basic
+            credentials of ``client_secret_basic`` included.
         read_bufsize, max_line_size, max_field_size: As aiohttp's.
     """
 
@@ -109,14 +112,23 @@ class TokenSession:
         return f"<TokenSession trust_env={self.trust_env} proxy={proxy}>"
 
     def secrets(self) -> list[str]:
-        """The proxy's credentials in every form a request or an error may show them."""
-        if self.proxy is None or not self.proxy.password:
+        """The proxy's credentials in every form a request or an error may show them.
+
+        With ``trust_env`` and no proxy of its own, those of the environment's proxies,
+        read now as aiohttp reads them for each request.
+        """
+        if self.proxy is not None:
+            return _url_secrets(self.proxy)
+        if not self.trust_env:
             return []
-        # As aiohttp encodes a Proxy-Authorization header (latin-1), without its BasicAuth,
-        # which aiohttp 3.14 deprecates.
-        userinfo = f"{self.proxy.user or ''}:{self.proxy.password}".encode("latin-1", "replace")
-        basic = base64.b64encode(userinfo).decode("ascii")
-        return [self.proxy.password, self.proxy.raw_password or "", basic]
+        found: list[str] = []
+        for scheme, value in getproxies().items():
+            if scheme in ("http", "https", "ws", "wss"):
+                try:
+                    found += _url_secrets(URL(value))
+                except ValueError:
+                    continue  # aiohttp cannot use it either
+        return found
 
     def make_connector(self) -> aiohttp.BaseConnector | None:
         """A new connector for one fetch, on the running loop; ``None`` for aiohttp's own.
@@ -145,6 +157,15 @@ class TokenSession:
             # fetch, on a loop that is gone.
             raise TokenRequestError(
                 "token_session_args['connector'] returned a closed connector", hint=hint
+            )
+        # aiohttp does not check it: a session on this loop would fail on the first
+        # request, then close the connector from this thread, under its owner's loop.
+        owner = getattr(connector, "_loop", None)
+        if owner is not None and owner is not asyncio.get_running_loop():
+            raise TokenRequestError(
+                "token_session_args['connector'] returned a connector of another event "
+                "loop; the token fetch runs on an event loop of its own",
+                hint=hint,
             )
         return connector
 
@@ -202,6 +223,11 @@ def resolve_token_session(
     """
     if token_session_args is None:
         source = "client_session_args"
+        if client_session_args is not None and not isinstance(client_session_args, Mapping):
+            raise ConfigurationError(
+                "client_session_args must be a dict of aiohttp ClientSession keywords, not "
+                f"{type(client_session_args).__name__}"
+            )
         chosen = {k: v for k, v in (client_session_args or {}).items() if k in INHERITED_KEYS}
     else:
         if not isinstance(token_session_args, Mapping):
@@ -282,6 +308,16 @@ def _check_keys(args: Mapping[str, Any]) -> None:
         )
 
 
+def _url_secrets(url: URL) -> list[str]:
+    if not url.password:
+        return []
+    # As aiohttp encodes a Proxy-Authorization header (latin-1), without its BasicAuth,
+    # which aiohttp 3.14 deprecates.
+    userinfo = f"{url.user or ''}:{url.password}".encode("latin-1", "replace")
+    basic = base64.b64encode(userinfo).decode("ascii")
+    return [url.password, url.raw_password or "", basic]
+
+
 def _proxy(value: object, name: str, auth: object, source: str) -> URL | None:
     """The proxy URL with its credentials in it, checked; never shown in a message."""
     if value is None:
@@ -310,4 +346,19 @@ def _proxy(value: object, name: str, auth: object, source: str) -> URL | None:
         # In the URL rather than as aiohttp's proxy_auth, which aiohttp 3.14 deprecates;
         # aiohttp turns either into the same Proxy-Authorization header.
         proxy = proxy.with_user(auth.login).with_password(auth.password)
+    if not _sendable(f"{proxy.user or ''}:{proxy.password or ''}"):
+        # aiohttp sends them as latin-1 and would fail with a UnicodeEncodeError whose
+        # arguments hold them: refused now, with a message that does not quote them.
+        raise ConfigurationError(
+            f"the credentials of {name} must be latin-1 text, as HTTP Basic sends them: "
+            "aiohttp cannot send other characters to a proxy"
+        )
     return proxy
+
+
+def _sendable(userinfo: str) -> bool:
+    try:
+        userinfo.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -8,6 +8,7 @@ They only attach the ``Authorization`` header to each request and react to the s
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from ssl import SSLContext
-from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict, TypeVar
 
 import aiohttp
 from aiohttp.client_reqrep import Fingerprint
@@ -81,6 +82,28 @@ __all__ = [
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
+_P = ParamSpec("_P")
+
+
+def _forgets_arguments_on_error(method: Callable[_P, _T]) -> Callable[_P, _T]:
+    """``method``, whose failures keep none of its arguments in their traceback's locals.
+
+    A constructor's arguments hold the client secret and a proxy's password, and a
+    refused one (a ConfigurationError) keeps every library frame it went through, with
+    their locals, in its traceback: crash reporters such as Sentry capture those. Here
+    those frames are cleared, and this one lets go of the arguments before re-raising.
+    """
+
+    @functools.wraps(method)
+    def forgetting(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            del args, kwargs
+            clear_locals(exc)
+            raise
+
+    return forgetting
 
 
 class AIOHTTPTransportOptions(TypedDict, total=False):
@@ -392,7 +415,9 @@ class _AuthenticatingTransport(AIOHTTPTransport):
         _fork.reset_in_child(self)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} url={str(self.url)!r}>"
+        # getattr: a constructor that failed leaves an instance without url, which a
+        # debugger or a crash reporter may still show.
+        return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
 
     # gql's sync Client.execute connects, executes and closes on the calling thread's event
     # loop, so one transport serves several loops. An aiohttp session belongs to the loop
@@ -436,6 +461,7 @@ class _AuthenticatingTransport(AIOHTTPTransport):
         state = self.__dict__.copy()
         state["_sessions"] = {}
         state.pop("response_headers", None)
+        state.pop("_bare_refusal", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -476,6 +502,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
             ``Authorization`` entry in ``headers``.
     """
 
+    @_forgets_arguments_on_error
     def __init__(
         self,
         url: str | URL,
@@ -500,6 +527,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
         )  # fmt: skip
 
     @classmethod
+    @_forgets_arguments_on_error
     def from_env(
         cls,
         environ: Mapping[str, str] = os.environ,
@@ -689,6 +717,11 @@ class OAuth2Transport(_AuthenticatingTransport):
         ConfigurationError: a bad argument; the message says which.
     """
 
+    # The last refusal that dropped a token, when it was a bare HTTP 401 (else None): a call
+    # that fails at once while renewals are paused ends as that one did, gql's 401 error too.
+    _bare_refusal: _Bare401 | None = None
+
+    @_forgets_arguments_on_error
     def __init__(
         self,
         url: str | URL,
@@ -765,6 +798,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         )
 
     @classmethod
+    @_forgets_arguments_on_error
     def from_env(
         cls,
         environ: Mapping[str, str] = os.environ,
@@ -920,6 +954,7 @@ class OAuth2Transport(_AuthenticatingTransport):
             ):
                 if _is_refusal(result.errors):
                     self._tokens.invalidate(token)
+                    self._bare_refusal = None
                 yield result
         except BaseException as exc:
             redact_chain(exc, [self._credentials.client_secret, token.value])
@@ -927,8 +962,9 @@ class OAuth2Transport(_AuthenticatingTransport):
             # gql raises this for any 401 to a subscription, body or not: a refusal.
             if isinstance(exc, TransportServerError) and exc.code == 401:
                 self._tokens.invalidate(token)
+                self._bare_refusal = bare = _Bare401(exc)
                 why = "it is a subscription, whose stream is never sent twice"
-                raise _not_resent(_Bare401(exc), why, [], dropped=True) from exc
+                raise _not_resent(bare, why, [], dropped=True) from exc
             raise
 
     async def _token(self, *, min_ttl: float = 0.0) -> AccessToken:
@@ -936,7 +972,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         try:
             return await self._tokens.get(min_ttl=min_ttl)
         except RenewalPaused as paused:
-            error = _paused(paused)
+            error = _paused(paused, self._bare_refusal)
         raise error  # outside the except block: the internal signal stays out of the chain
 
     async def _send_with_renewal(
@@ -1040,6 +1076,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         else:
             # Only the first of many requests refused with this token renews it.
             self._tokens.invalidate(token)
+            self._bare_refusal = outcome if isinstance(outcome, _Bare401) else None
         if why_not is not None:
             secrets = [self._credentials.client_secret, token.value]
             error = _not_resent(outcome, why_not, secrets, dropped=dropped)
@@ -1149,11 +1186,19 @@ def _not_resent(
     )
 
 
-def _paused(paused: RenewalPaused) -> UnauthenticatedError:
-    return UnauthenticatedError(
+def _paused(paused: RenewalPaused, bare: _Bare401 | None) -> UnauthenticatedError:
+    """The error of a call that fails at once while renewals are paused.
+
+    When the refusals that caused the pause were bare HTTP 401s, it is gql's 401 error
+    too, as the calls that met them ended: code written for gql catches both alike.
+    """
+    message = (
         f"the service refused the last {paused.refusals} access tokens before accepting "
         f"any request with them; renewals are paused for {paused.remaining:.1f} s to spare "
         "the authorization server. Check that url and token_url belong to the same "
         "environment (SERVICE_BASE_URL, SERVICE_AUTH_URL) and that the credentials' "
         "project may use the API"
     )
+    if bare is not None:
+        return _http_401(UnauthenticatedHTTPError, bare, message)
+    return UnauthenticatedError(message)
