@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 from yarl import URL
 
@@ -26,26 +27,37 @@ def read_env(environ: Mapping[str, str], name: str) -> str:
 
 
 def join_url(base: str, path: str) -> str:
-    """``base`` with ``path`` appended, however many slashes the base ends with."""
-    return base.rstrip("/") + path
+    """``base`` with ``path`` appended to its path, however many slashes it ends with.
+
+    A query or fragment stays after the path (``https://h/?key=1`` gives
+    ``https://h/graphql?key=1``, not ``https://h/?key=1/graphql``).
+    """
+    parts = urlsplit(base)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
+
+
+def ends_with_path(url: str, path: str) -> bool:
+    """Whether the path of ``url`` ends with ``path``, trailing slashes aside."""
+    return urlsplit(url).path.rstrip("/").endswith(path)
 
 
 def env_url(environ: Mapping[str, str], name: str, path: str) -> str:
     """The endpoint under the URL in variable ``name``: its value with ``path`` appended.
 
-    A value that already ends with ``path`` is used as it is: people paste the endpoint's
-    full URL where the host is asked for, and ``/graphql/graphql`` would only answer 404.
+    A value whose path already ends with ``path`` is used as it is (but for trailing
+    slashes): people paste the endpoint's full URL where the host is asked for, and
+    ``/graphql/graphql`` would only answer 404.
     That is logged at INFO, once per variable and value: the value is accepted and works,
     and a program that builds a transport per call should not repeat it.
     """
     base = read_env(environ, name)
-    if not base.rstrip("/").endswith(path):
+    if not ends_with_path(base, path):
         return join_url(base, path)
     if (name, base) not in _NOTED:
         _NOTED.add((name, base))
         # Not the value: a URL may carry more than a host.
         logger.info("%s.url_path_already_present variable=%s path=%s", LOGGER_NAME, name, path)
-    return base.rstrip("/")
+    return join_url(base, "")
 
 
 _NOTED: set[tuple[str, str]] = set()

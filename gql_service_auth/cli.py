@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any, Final, TextIO
 from gql import Client, gql
 from gql.transport.exceptions import TransportError
 
+from ._config import ends_with_path
 from ._constants import (
     DEFAULT_EXPIRES_IN,
     ENV_AUTH_URL,
@@ -221,7 +223,11 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # argparse exits on --help and on bad usage
         return int(exit_.code or 0)
-    _configure_logging(getattr(args, "verbose", 0))
+    with _logging_for(getattr(args, "verbose", 0)):
+        return _run(args, environ)
+
+
+def _run(args: argparse.Namespace, environ: Mapping[str, str] | None) -> int:
     try:
         if args.command == "check":
             report = asyncio.run(_check(args, os.environ if environ is None else environ))
@@ -241,23 +247,35 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
         return EXIT_INTERRUPTED
 
 
-def _configure_logging(verbose: int) -> None:
+@contextlib.contextmanager
+def _logging_for(verbose: int) -> Iterator[None]:
     """One plain line on stderr per log record, unless the caller set up logging already.
 
     Python's fallback for a program that configured nothing prints bare messages. The
     report already tells of every failure, so this package's records show only with -v
     (INFO: token requests retried or failed, tokens refused) or -vv (DEBUG: every event);
-    warnings of other libraries always show.
+    warnings of other libraries always show. main() may be called by a program: what it
+    changes is undone when it returns, and a program that configured logging (the root
+    logger or this package's) keeps its setup untouched.
     """
     root = logging.getLogger()
-    if root.handlers:  # main() called by a program with a logging setup of its own
+    package = logging.getLogger(LOGGER_NAME)
+    if root.handlers or package.handlers:
+        yield
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    root_level, package_level = root.level, package.level
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     levels = {0: logging.ERROR, 1: logging.INFO}
-    logging.getLogger(LOGGER_NAME).setLevel(levels.get(verbose, logging.DEBUG))
+    package.setLevel(levels.get(verbose, logging.DEBUG))
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(root_level)
+        package.setLevel(package_level)
 
 
 def _setting(value: str | None, environ: Mapping[str, str], name: str, flag: str) -> str:
@@ -286,7 +304,7 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
     if not 1 <= args.first <= 100:
         raise _UsageError("--first must be between 1 and 100")
     report = _Report()
-    if settings[ENV_BASE_URL].rstrip("/").endswith(GRAPHQL_PATH):
+    if ends_with_path(settings[ENV_BASE_URL], GRAPHQL_PATH):
         report.notes.append(
             f"The base URL ends in {GRAPHQL_PATH}, so it is used as the GraphQL endpoint as it "
             f"is. {ENV_BASE_URL} is meant to be the API host, without {GRAPHQL_PATH}."

@@ -16,8 +16,12 @@ import sys
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
+
+# aiohttp's LooseCookies names these in strings: typing.get_type_hints() of the options
+# and constructors (pydantic, cattrs, IDEs) looks them up in this module.
+from http.cookies import BaseCookie, Morsel  # noqa: F401
 from ssl import SSLContext
-from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict, TypeVar, cast
 
 import aiohttp
 from aiohttp.client_reqrep import Fingerprint
@@ -612,7 +616,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
             args.clear()
             del result
             raise error
-        return result
+        return _scrubbed(result, [self._credentials.client_secret])
 
     async def execute_batch(
         self,
@@ -640,7 +644,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
             args.clear()  # as in execute
             del results, refused
             raise error
-        return results
+        return _scrubbed(results, [self._credentials.client_secret])
 
     async def subscribe(
         self,
@@ -652,7 +656,7 @@ class ApiKeyTransport(_AuthenticatingTransport):
         args = _with_authorization(extra_args, self._credentials.api_key_authorization())
         try:
             async for result in super().subscribe(request, extra_args=args):
-                yield result
+                yield _scrubbed(result, [self._credentials.client_secret])
         except BaseException as exc:
             args.clear()  # the traceback keeps this frame's locals
             redact_chain(exc, [self._credentials.client_secret])
@@ -890,6 +894,8 @@ class OAuth2Transport(_AuthenticatingTransport):
             if not isinstance(result, _Bare401) and not _is_refusal(result.errors):
                 if token.generation > self._tokens.confirmed:
                     self._tokens.confirm(token)
+                if result.errors:  # the fast path skips even the call otherwise
+                    _scrubbed(result, [self._credentials.client_secret, token.value])
                 return result
             first = (token, result)
         parent = super().execute
@@ -955,7 +961,7 @@ class OAuth2Transport(_AuthenticatingTransport):
                 if _is_refusal(result.errors):
                     self._tokens.invalidate(token)
                     self._bare_refusal = None
-                yield result
+                yield _scrubbed(result, [self._credentials.client_secret, token.value])
         except BaseException as exc:
             redact_chain(exc, [self._credentials.client_secret, token.value])
             clear_locals(exc)
@@ -1063,7 +1069,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         if not refused and not isinstance(outcome, _Bare401):
             if token.generation > self._tokens.confirmed:
                 self._tokens.confirm(token)
-            return outcome
+            return _scrubbed(outcome, [self._credentials.client_secret, token.value])
         answers = outcome if isinstance(outcome, list) else [outcome]
         if any(isinstance(a, ExecutionResult) and _during_execution(a.errors) for a in answers):
             # Refused while it ran: accepted to start with, so no fresh token refused.
@@ -1127,6 +1133,22 @@ def _batch_verdict(results: list[ExecutionResult] | _Bare401) -> tuple[bool, str
     ):
         return True, None
     return True, "part of the batch may have run"
+
+
+def _scrubbed(answer: _T, secrets: list[str]) -> _T:
+    """``answer`` (one result or a batch's) with credentials scrubbed from its errors.
+
+    An answer that is not a refusal goes back to gql, whose client raises
+    ``TransportQueryError`` for its ``errors``, with the first as message: a service that
+    quotes the API key or the token it was sent in another error (``FORBIDDEN``...) must
+    not put it there. Answers without errors are left alone, untouched and uncopied.
+    """
+    for result in answer if isinstance(answer, list) else (answer,):
+        if isinstance(result, ExecutionResult) and result.errors:
+            result.errors = cast(Any, redact_text(result.errors, secrets))
+            result.data = cast(Any, redact_text(result.data, secrets))
+            result.extensions = cast(Any, redact_text(result.extensions, secrets))
+    return answer
 
 
 def _answer_parts(answer: object, secrets: list[str]) -> tuple[list[Any] | None, Any, Any]:

@@ -99,6 +99,56 @@ def test_block_runs_against_the_emulator(block: Block, emulator: Emulator, tmp_p
         assert (emulator.counters.graphql_requests > 0) == uses_this_emulator
 
 
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$", re.M)
+MARKER = re.compile(r"<!--\s*readme", re.I)
+
+
+def _escapes(text: str) -> list[str]:
+    """Python blocks and markers the collector would skip: each a line, for the message.
+
+    Only a fence at column 0 written exactly ```python is collected, and a marker only as
+    ``<!-- readme: KIND -->`` right above one; anything else Python-looking would be
+    silently left unrun.
+    """
+    collected = {text.count("\n", 0, m.start("code")) - 1 for m in BLOCK.finditer(text)}
+    escapes = []
+    for match in FENCE.finditer(text):
+        language = match["info"].split()[0].lower() if match["info"].strip() else ""
+        line = text.count("\n", 0, match.start())
+        if language.startswith(("py", "{py", "{.py")) and line not in collected:
+            escapes.append(f"line {line + 1}: {match[0].strip()!r}")
+    markers = {text.count("\n", 0, m.start("code")) - 2 for m in BLOCK.finditer(text) if m["kind"]}
+    for match in MARKER.finditer(text):
+        line = text.count("\n", 0, match.start())
+        if line not in markers:
+            escapes.append(f"line {line + 1}: a marker that marks no ```python block")
+    return escapes
+
+
+def test_no_python_block_escapes_the_collector() -> None:
+    """A ```py fence, an indented one, a marker typo: each would pass by running nothing."""
+    assert _escapes(README.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "```py\nprint(1)\n```\n",
+        "```python3\nprint(1)\n```\n",
+        "```Python\nprint(1)\n```\n",
+        "```python title=x\nprint(1)\n```\n",
+        "- item\n\n  ```python\n  print(1)\n  ```\n",
+        "~~~python\nprint(1)\n~~~\n",
+        "<!-- readme:pytest -->\n```python\ndef test_x(): pass\n```\n",
+        "<!-- readme: pytest -->\n\n```python\ndef test_x(): pass\n```\n",
+        "<!-- readme: pytest -->\n```py\ndef test_x(): pass\n```\n",
+    ],
+)
+def test_the_guard_sees_blocks_the_collector_skips(text: str) -> None:
+    assert _escapes(text)
+    assert _escapes("<!-- readme: pytest -->\n```python\ndef test_x(): pass\n```\n") == []
+
+
 def _anchor(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
