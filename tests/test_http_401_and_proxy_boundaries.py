@@ -1,10 +1,10 @@
-"""Adversarial review of two changes: bare HTTP 401s as gql's errors, and the token's proxy.
+"""Bare HTTP 401s as gql's errors, and the token request's proxy, at their boundaries.
 
-Each test is a scenario the tests of those changes did not have: batches refused with a
-bare 401 (renewed and re-sent, or ending in gql's ``TransportServerError``), refusals of
-both kinds mixed in one call or among concurrent callers and threads, and what a proxy's
-credentials can reach (an answer echoing them, characters aiohttp cannot send, the locals
-of a refused constructor). Servers run on 127.0.0.1 and are stopped by each test.
+Batches refused with a bare 401 (renewed and re-sent, or ending in gql's
+``TransportServerError``), refusals of both kinds mixed in one call or among concurrent
+callers and threads, and what a proxy's credentials can reach (an answer echoing them,
+characters aiohttp cannot send, the locals of a refused constructor). Servers run on
+127.0.0.1 and are stopped by each test.
 """
 
 from __future__ import annotations

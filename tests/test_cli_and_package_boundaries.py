@@ -1,4 +1,4 @@
-"""Adversarial review of issue 9: the CLI's logging, the lazy package, URLs, echoed credentials."""
+"""The CLI inside an app, the lazy package, URLs with queries, and credentials echoed back."""
 
 from __future__ import annotations
 
