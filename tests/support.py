@@ -6,7 +6,7 @@ import asyncio
 import io
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from gql import FileVar, GraphQLRequest, gql
 
@@ -52,3 +52,50 @@ def exception_texts(exc: BaseException) -> list[str]:
     for link in exception_chain(exc):
         texts += [str(link), repr(link), repr(vars(link))]
     return texts
+
+
+def _links(exc: BaseException) -> list[BaseException]:
+    """Every exception reachable from ``exc`` through ``__cause__`` and ``__context__``."""
+    seen: dict[int, BaseException] = {}
+    pending = [exc]
+    while pending:
+        link = pending.pop()
+        if id(link) not in seen:
+            seen[id(link)] = link
+            pending += [e for e in (link.__cause__, link.__context__) if e is not None]
+    return list(seen.values())
+
+
+def _safe_repr(names: Mapping[str, object]) -> str:
+    """Each local's repr, as crash reporters take it: one that raises is skipped."""
+    shown = []
+    for name, value in names.items():
+        try:
+            shown.append(f"{name}={value!r}")
+        except Exception:
+            shown.append(f"{name}=<repr raised>")
+    return ", ".join(shown)
+
+
+def secrets_shown(exc: BaseException, secrets: Iterable[str], *, own: str) -> list[str]:
+    """Where any of ``secrets`` shows in ``exc``'s chain: traceback, str, repr, args, vars, locals.
+
+    Locals too: crash reporters such as Sentry capture the local variables of each frame
+    of a traceback by default. Frames of files whose path starts with ``own`` (the tests'
+    own, which hold the secrets they look for) are left out.
+    """
+    secrets = [s for s in secrets if s]
+    assert secrets, "nothing to look for: the scan would prove nothing"
+    texts = {"traceback": "".join(traceback.format_exception(exc))}
+    for link in _links(exc):
+        name = type(link).__name__
+        texts |= {f"str({name})": str(link), f"repr({name})": repr(link)}
+        texts |= {f"args({name})": repr(link.args), f"vars({name})": repr(vars(link))}
+        tb = link.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if not code.co_filename.startswith(own):
+                where = f"locals({code.co_name}@{code.co_filename}:{id(tb.tb_frame)})"
+                texts[where] = _safe_repr(tb.tb_frame.f_locals)
+            tb = tb.tb_next
+    return [where for where, text in texts.items() if any(s in text for s in secrets)]

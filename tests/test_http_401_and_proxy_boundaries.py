@@ -16,7 +16,6 @@ import copy
 import json
 import pickle
 import threading
-import traceback
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
@@ -26,7 +25,7 @@ import aiohttp
 import pytest
 from gql import Client, GraphQLRequest, gql
 from gql.transport.exceptions import TransportError, TransportQueryError, TransportServerError
-from support import COUNT, RENAME, UNAUTHENTICATED_ERROR, exception_chain
+from support import COUNT, RENAME, UNAUTHENTICATED_ERROR, secrets_shown
 from yarl import URL
 
 from gql_service_auth import (
@@ -57,33 +56,8 @@ def _bare_401s(emulator: Emulator) -> None:
 
 
 def _shown(exc: BaseException, secrets: Iterable[str]) -> list[str]:
-    """Where a secret shows in ``exc``'s chain: traceback, str, repr, args, vars, and the
-    locals of every frame but the tests' own (a crash reporter's view)."""
-    secrets = [s for s in secrets if s]
-    texts = {"traceback": "".join(traceback.format_exception(exc))}
-    for link in exception_chain(exc):
-        name = type(link).__name__
-        texts |= {f"str({name})": str(link), f"repr({name})": repr(link)}
-        texts |= {f"args({name})": repr(link.args), f"vars({name})": repr(vars(link))}
-        tb = link.__traceback__
-        while tb is not None:
-            frame = tb.tb_frame
-            if not frame.f_code.co_filename.startswith(_TESTS):  # the caller's own frames
-                where = f"locals({frame.f_code.co_name}@{frame.f_code.co_filename}:{id(frame)})"
-                texts[where] = _safe_repr(frame.f_locals)
-            tb = tb.tb_next
-    return [where for where, text in texts.items() if any(s in text for s in secrets)]
-
-
-def _safe_repr(names: Mapping[str, object]) -> str:
-    """Each local's repr, as crash reporters take it: one that raises is skipped."""
-    shown = []
-    for name, value in names.items():
-        try:
-            shown.append(f"{name}={value!r}")
-        except Exception:
-            shown.append(f"{name}=<repr raised>")
-    return ", ".join(shown)
+    """Where a secret shows in ``exc``'s chain, the tests' own frames left out."""
+    return secrets_shown(exc, secrets, own=_TESTS)
 
 
 def _proxy_secrets(user: str, password: str) -> list[str]:

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -32,7 +31,7 @@ from gql.transport.exceptions import (
     TransportError,
     TransportServerError,
 )
-from support import COUNT, wait_until
+from support import COUNT, secrets_shown, wait_until
 
 from gql_service_auth import (
     ApiKeyRejectedError,
@@ -209,38 +208,9 @@ def _credentials(authorizations: Iterable[str]) -> list[str]:
     return [part for value in authorizations for part in (value, value.partition(" ")[2]) if part]
 
 
-def _links(exc: BaseException) -> list[BaseException]:
-    """Every exception reachable from ``exc`` through ``__cause__`` and ``__context__``."""
-    seen: dict[int, BaseException] = {}
-    pending = [exc]
-    while pending:
-        link = pending.pop()
-        if id(link) not in seen:
-            seen[id(link)] = link
-            pending += [e for e in (link.__cause__, link.__context__) if e is not None]
-    return list(seen.values())
-
-
 def _shown(exc: BaseException, secrets: Iterable[str]) -> list[str]:
-    """Where any of ``secrets`` shows in the chain: traceback, str, repr, args, vars, locals.
-
-    Locals too: crash reporters such as Sentry capture the local variables of each frame
-    of a traceback by default.
-    """
-    secrets = [s for s in secrets if s]
-    assert secrets, "nothing to look for: the scan would prove nothing"
-    texts = {"traceback": "".join(traceback.format_exception(exc))}
-    for link in _links(exc):
-        name = type(link).__name__
-        texts |= {f"str({name})": str(link), f"repr({name})": repr(link)}
-        texts |= {f"args({name})": repr(link.args), f"vars({name})": repr(vars(link))}
-        tb = link.__traceback__
-        while tb is not None:
-            frame = tb.tb_frame
-            if frame.f_code.co_filename != __file__:  # the test's own frames hold secrets
-                texts[f"locals({frame.f_code.co_name})"] = repr(frame.f_locals)
-            tb = tb.tb_next
-    return [where for where, text in texts.items() if any(s in text for s in secrets)]
+    """Where any of ``secrets`` shows in ``exc``'s chain, this file's frames left out."""
+    return secrets_shown(exc, secrets, own=__file__)
 
 
 def _echo_refusal(headers: Mapping[str, str]) -> bytes:
