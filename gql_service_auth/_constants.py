@@ -43,7 +43,22 @@ API_KEY_CUTOFF: Final = date(2024, 5, 13)
 """Credentials registered before this date cannot be used as an API key (method 2 only)."""
 
 DEFAULT_REFRESH_MARGIN: Final = 60.0
-"""Seconds before expiry at which a token is renewed; capped at half the token's lifetime."""
+"""Seconds before expiry at which a token is renewed in the background, while still in use.
+
+Capped at half the token's lifetime. A failed renewal is tried again within this time,
+so it is how long the token endpoint may be down without any request noticing.
+"""
+
+EXPIRY_GUARD: Final = 5.0
+"""Seconds before expiry at which a token is no longer sent; at most a tenth of its lifetime.
+
+The API checks expiry on its own clock when the request arrives: this covers the transit
+time and some skew between hosts' clocks, as the leeway that token validators allow does
+on the other side. Until then a token whose renewal keeps failing is still used.
+"""
+
+RENEWAL_RETRY_MIN: Final = 1.0
+"""Seconds: the shortest wait between two background renewals when the first failed."""
 
 DEFAULT_EXPIRES_IN: Final = 300.0
 """Seconds a token is trusted when the token endpoint sends no usable ``expires_in``.

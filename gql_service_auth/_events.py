@@ -13,6 +13,7 @@ EventName: TypeAlias = Literal[
     "token_fetched",
     "token_request_retry_scheduled",
     "token_request_failed",
+    "token_renewal_failed",
     "token_rejected",
     "token_expires_in_ignored",
     "request_retry_scheduled",
@@ -29,25 +30,32 @@ class AuthEvent:
     Attributes:
         name: ``token_fetched`` (a new token arrived), ``token_request_retry_scheduled``
             (the token endpoint failed transiently and will be asked again),
-            ``token_request_failed`` (no token could be had), ``token_rejected`` (the
+            ``token_request_failed`` (no token could be had, and requests waited for
+            one), ``token_renewal_failed`` (a background renewal failed; the token in
+            use stays in use until it expires, and the renewal is tried again after
+            ``wait`` seconds), ``token_rejected`` (the
             API refused a token, which is dropped), ``token_expires_in_ignored`` (the
             token endpoint gave an ``expires_in`` of 0 or less, which is treated as
             absent: the default lifetime applies), ``request_retry_scheduled`` (a
             refused GraphQL request will be sent again with a renewed token).
-        reason: For ``token_fetched``: ``"initial"`` (first token), ``"expiring"``
-            (early or late renewal of an expiring token) or ``"rejected"`` (renewal
-            after the API refused the token).
+        reason: Why the token was fetched: ``"initial"`` (first token), ``"expiring"``
+            (renewal ahead of expiry, in the background while the token stays in use),
+            ``"expired"`` (no usable token was left, so requests waited for this one) or
+            ``"rejected"`` (renewal after the API refused the token).
         attempt: Number of the attempt that just failed, from 1. For
             ``token_request_failed``, the requests made to the token endpoint; ``None``
-            when the fetch was cut off or broke before the grant could count them.
+            when the fetch was cut off or broke before the grant could count them. For
+            ``token_renewal_failed``, the background renewals that failed in a row.
         max_attempts: The most attempts allowed, so ``attempt`` reads "2 of 4":
             ``RetryPolicy.attempts`` for token requests, ``max_renewals + 1`` for
             ``request_retry_scheduled``.
-        wait: Seconds until the next attempt.
+        wait: Seconds until the next attempt (for ``token_renewal_failed``, until the next
+            background renewal may start).
         duration: Seconds the token fetch took, retries included.
         expires_in: Seconds of lifetime the server gave the new token; ``None`` when it
             gave none and the default lifetime applies. For ``token_expires_in_ignored``,
-            the value the server sent.
+            the value the server sent. For ``token_renewal_failed``, the seconds the
+            token in use has left.
         status: HTTP status of the failed answer, ``None`` when none came.
         error: RFC 6749 error code, or the exception's class name.
     """
@@ -82,6 +90,7 @@ _LEVELS: dict[EventName, int] = {
     "token_fetched": logging.DEBUG,
     "token_request_retry_scheduled": logging.INFO,
     "token_request_failed": logging.WARNING,
+    "token_renewal_failed": logging.WARNING,
     "token_rejected": logging.INFO,
     "token_expires_in_ignored": logging.WARNING,
     "request_retry_scheduled": logging.INFO,

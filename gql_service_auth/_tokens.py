@@ -1,4 +1,4 @@
-"""Access tokens and the token manager: fetch, cache, single-flight, early renewal.
+"""Access tokens and the token manager: fetch, cache, single-flight, refresh ahead.
 
 Nothing here knows gql or an HTTP library. The manager is given a :class:`TokenFetcher`
 (any coroutine that returns a :class:`TokenResponse`), so another HTTP stack or a shared
@@ -11,7 +11,15 @@ thread it does not have. So no fetch runs on a caller's loop: each runs in a sho
 daemon thread with an event loop of its own, bounded in time, and is
 published as a ``concurrent.futures.Future`` that a coroutine on any loop can await.
 Callers only wait; a caller that is cancelled or times out leaves the fetch to finish
-for the others. The state is guarded by a ``threading.Lock`` held only for a few
+for the others.
+
+Renewal never makes a request wait while a usable token exists. From ``renew_at`` on,
+the request that notices starts one fetch in the background and goes on with the current
+token; later requests do the same until the new token lands. The fetch is on its own
+thread, not on the loop that noticed, so it survives the per-call loop of gql's sync
+``Client.execute``. A failed background renewal leaves the current token in use, and
+the next is tried after a backoff, until the token reaches ``usable_until``: only then
+does a request wait for a fetch. The state is guarded by a ``threading.Lock`` held only for a few
 attribute reads and writes, never across an ``await``.
 """
 
@@ -27,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import _fork
-from ._constants import BEARER_SCHEME
+from ._constants import BEARER_SCHEME, EXPIRY_GUARD, RENEWAL_RETRY_MIN
 from ._errors import TokenRequestError
 from ._events import AuthEvent, Emitter
 from ._redact import clear_locals
@@ -80,8 +88,12 @@ class AccessToken:
         value: The token itself; never shown by ``repr``.
         generation: 1 for the first token a manager obtained, 2 for the next, and so on.
         obtained_at: When the request that produced it was sent.
-        renew_at: From then on, a new token is fetched before use.
+        renew_at: From then on, requests still use it, while one renewal runs in the
+            background.
         expires_at: When the server will stop accepting it, as far as we know.
+        usable_until: The last moment it is sent: ``expires_at`` less a guard against
+            clock skew and transit time (see ``EXPIRY_GUARD``). After that, a request
+            waits for a new token.
     """
 
     value: str = field(compare=False)
@@ -89,6 +101,7 @@ class AccessToken:
     obtained_at: float
     renew_at: float
     expires_at: float
+    usable_until: float = float("inf")
 
     @property
     def authorization(self) -> str:
@@ -100,7 +113,8 @@ class AccessToken:
     def __repr__(self) -> str:
         return (
             f"AccessToken(generation={self.generation}, obtained_at={self.obtained_at:.3f}, "
-            f"renew_at={self.renew_at:.3f}, expires_at={self.expires_at:.3f}, value='***')"
+            f"renew_at={self.renew_at:.3f}, expires_at={self.expires_at:.3f}, "
+            f"usable_until={self.usable_until:.3f}, value='***')"
         )
 
 
@@ -140,6 +154,9 @@ class _Flight:
     reason: str
     #: Runs on its caller's loop, for that caller only (no thread could be started).
     private: bool = False
+    #: Started ahead of expiry while the current token stays in use: nobody waited for
+    #: it, unless that token expired or was refused meanwhile.
+    background: bool = False
 
 
 def _settle(waiter: asyncio.Future[AccessToken], done: concurrent.futures.Future[Any]) -> None:
@@ -176,6 +193,12 @@ def _own_copy(error: BaseException) -> BaseException:
     return clone.with_traceback(error.__traceback__)
 
 
+def _default_renewal_backoff(failures: int) -> float:
+    # 5 s, 10 s, 20 s...: a token endpoint that failed a whole fetch, retries included, is
+    # not asked again at once; the manager also tries before the token is no longer usable.
+    return min(5.0 * 2.0 ** (failures - 1), 300.0)
+
+
 _POLL_INTERVAL = 0.05
 """Seconds between a waiter's own checks of a fetch, besides the fetch's wake-up call."""
 
@@ -186,8 +209,9 @@ class TokenManager:
     Args:
         fetch: Obtains a new token; called at most once at a time, whatever the number of
             callers, loops or threads. It runs on a thread and event loop of its own.
-        refresh_margin: Seconds before expiry at which a token is renewed; capped at half
-            the token's lifetime, so a 10 s token is still used for 5 s.
+        refresh_margin: Seconds before expiry at which a token is renewed in the
+            background; capped at half the token's lifetime, so a 10 s token is renewed
+            after 5 s.
         default_expires_in: Seconds a token is trusted when the server gives no usable
             ``expires_in`` (none, unreadable, or 0 and less).
         fetch_timeout: Seconds after which a fetch is cut off, whatever ``fetch`` does.
@@ -195,6 +219,9 @@ class TokenManager:
             that no answer had accepted; ``None`` never pauses.
         max_attempts: The most requests ``fetch`` makes for one token, shown in
             ``token_request_failed`` events; ``None`` when unknown.
+        renewal_backoff: Seconds to wait after the n-th consecutive failed background
+            renewal before the next; whatever it says, the next comes no sooner than
+            ``RENEWAL_RETRY_MIN`` and before the token stops being usable.
         clock: Monotonic clock in seconds, for token lifetimes.
         emit: Receives the life-cycle events; called on the fetch's thread for fetch
             events.
@@ -209,10 +236,12 @@ class TokenManager:
         fetch_timeout: float,
         cooldown: Callable[[int], float] | None = None,
         max_attempts: int | None = None,
+        renewal_backoff: Callable[[int], float] | None = None,
         clock: Clock = time.monotonic,
         emit: Callable[[AuthEvent], None] | None = None,
     ) -> None:
         self._fetch = fetch
+        self._renewal_backoff = renewal_backoff or _default_renewal_backoff
         self._refresh_margin = refresh_margin
         self._default_expires_in = default_expires_in
         self._fetch_timeout = fetch_timeout
@@ -236,6 +265,10 @@ class TokenManager:
         self._paused_until = 0.0  # time.monotonic(): a rate limit in real time
         self._renew_for_refusal_while_running = False
         self._renewed_for_refusal_while_running = 0  # that token's generation
+        #: Background renewals that failed in a row, and when (manager's clock) the next
+        #: may start; read without the lock on the per-request path, past renew_at only.
+        self._renewal_failures = 0
+        self._next_renewal = 0.0
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
@@ -251,7 +284,12 @@ class TokenManager:
             "_max_attempts",
         )
         state = {name: self.__dict__[name] for name in keep}
-        state.update(_cooldown=self._cooldown, _clock=self._clock, _emit=self._emit)
+        state.update(
+            _cooldown=self._cooldown,
+            _renewal_backoff=self._renewal_backoff,
+            _clock=self._clock,
+            _emit=self._emit,
+        )
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -275,38 +313,59 @@ class TokenManager:
         """The generation of the newest token obtained; 0 before the first."""
         return self._generation
 
-    def is_fresh(self, token: AccessToken, *, min_ttl: float = 0.0) -> bool:
-        """Whether ``token`` may be used now without renewing it first.
-
-        Args:
-            token: A token from this manager.
-            min_ttl: Seconds of validity the caller needs beyond now (an upload that
-                cannot be re-sent asks for more).
-        """
-        now = self._clock()
-        return now < token.renew_at and token.expires_at - now >= min_ttl
-
     def fresh(self, *, min_ttl: float = 0.0) -> AccessToken | None:
-        """The cached token if it may be used now, else ``None``; never waits.
+        """The cached token if it may be sent now, else ``None``; never waits.
+
+        Past the token's ``renew_at``, the token is still returned while usable, and a
+        renewal is started in the background unless one runs or a failed one is backing
+        off.
 
         The per-request fast path: it reads one attribute without the lock, since
         assignment is atomic and a token that turns stale a moment later is caught by the
         reactive renewal.
+
+        Args:
+            min_ttl: Seconds of validity the caller needs beyond now (an upload that
+                cannot be re-sent asks for more).
         """
         token = self._token
-        if token is not None and self.is_fresh(token, min_ttl=min_ttl):
-            return token
+        if token is None:
+            return None
+        now = self._clock()
+        if now < token.renew_at:
+            # Before renew_at a token has more than min_ttl left unless it is an upload's.
+            if not min_ttl or token.expires_at - now >= min_ttl:
+                return token
+        elif now < token.usable_until:
+            if self._flight is None and now >= self._next_renewal:
+                self._renew_ahead(token, now)
+            if not min_ttl or token.expires_at - now >= min_ttl:
+                return token
         return None
+
+    def _usable(self, token: AccessToken, min_ttl: float) -> bool:
+        now = self._clock()
+        return now < token.usable_until and token.expires_at - now >= min_ttl
+
+    def _renew_ahead(self, token: AccessToken, now: float) -> None:
+        """Start a background renewal of ``token``, unless one runs or backs off."""
+        with self._lock:
+            if self._token is not token or self._flight is not None:
+                return
+            if now >= self._next_renewal and self._take_off(token, background=True) is None:
+                # No thread to be had: not tried again by every request meanwhile.
+                self._next_renewal = now + RENEWAL_RETRY_MIN
 
     def pause_remaining(self) -> float:
         """Seconds until renewals resume after refused fresh tokens; 0 when not paused."""
         return max(self._paused_until - time.monotonic(), 0.0)
 
     async def get(self, *, min_ttl: float = 0.0, after: int = 0) -> AccessToken:
-        """A token to use now: the cached one while fresh, else a new one.
+        """A token to use now: the cached one while usable, else a new one.
 
-        Concurrent callers on an empty or stale cache share one fetch, whatever their
-        loop or thread. A caller that is cancelled does not cancel the fetch.
+        Concurrent callers with no usable token share one fetch, whatever their loop or
+        thread, and join a background renewal already under way. A caller that is
+        cancelled does not cancel the fetch.
 
         Args:
             min_ttl: Seconds of validity needed beyond now; a fetched token is returned
@@ -324,11 +383,7 @@ class TokenManager:
             return token
         with self._lock:
             token = self._token
-            if (
-                token is not None
-                and token.generation > after
-                and self.is_fresh(token, min_ttl=min_ttl)
-            ):
+            if token is not None and token.generation > after and self._usable(token, min_ttl):
                 return token
             flight = self._flight
             if flight is None:
@@ -338,6 +393,7 @@ class TokenManager:
                 if self._rejected and remaining > 0:
                     raise RenewalPaused(remaining, self._fresh_refusals)
                 flight = self._take_off(token)
+                assert flight is not None  # a foreground flight always takes off
         if flight.private:
             await self._fly(flight)
             return flight.future.result()
@@ -402,24 +458,29 @@ class TokenManager:
         self._emit(AuthEvent("token_rejected"))
         return True
 
-    def _take_off(self, stale: AccessToken | None) -> _Flight:
-        # Called with the lock held.
+    def _take_off(self, stale: AccessToken | None, *, background: bool = False) -> _Flight | None:
+        # Called with the lock held. None: a background renewal found no thread to run on;
+        # a request fetches in the foreground once the token is no longer usable.
         if self._rejected:
             reason = "rejected"
         elif stale is None and self._generation == 0:
             reason = "initial"
+        elif background or (stale is not None and self._clock() < stale.usable_until):
+            reason = "expiring"  # ahead of time: an upload's, if not in the background
         else:
-            reason = "expiring"
+            reason = "expired"  # requests wait for it
         future: concurrent.futures.Future[AccessToken] = concurrent.futures.Future()
         # A running future cannot be cancelled, so no waiter can cancel it for the others.
         future.set_running_or_notify_cancel()
-        flight = _Flight(future, reason)
+        flight = _Flight(future, reason, background=background)
         thread = threading.Thread(
             target=self._run, args=(flight,), name="gql-service-auth-token", daemon=True
         )
         try:
             thread.start()
         except RuntimeError:
+            if background:
+                return None
             # No thread to be had (a pids limit, or Python 3.12+ at interpreter shutdown):
             # the caller fetches for itself, on its own loop. Not shared, so a loop that
             # stops can strand no one else; others arriving meanwhile fetch for themselves.
@@ -508,8 +569,22 @@ class TokenManager:
             # Events go out before the outcome is published, so a caller that has its
             # token or its error can count on the hook having seen the fetch.
             try:
-                self._emit(
-                    AuthEvent(
+                failed = self._renewal_failed(flight)
+                if failed is not None:
+                    # The token in use stays in use: a renewal failed, no request did.
+                    left, wait, failures = failed
+                    event = AuthEvent(
+                        "token_renewal_failed",
+                        reason=flight.reason,
+                        attempt=failures,
+                        wait=wait,
+                        duration=time.monotonic() - began,
+                        expires_in=left,
+                        status=getattr(error, "status", None),
+                        error=getattr(error, "error", None) or type(exc).__name__,
+                    )
+                else:
+                    event = AuthEvent(
                         "token_request_failed",
                         reason=flight.reason,
                         attempt=attempts,
@@ -518,7 +593,7 @@ class TokenManager:
                         status=getattr(error, "status", None),
                         error=getattr(error, "error", None) or type(exc).__name__,
                     )
-                )
+                self._emit(event)
             finally:
                 self._land(flight, None, error)
             if not isinstance(exc, Exception):
@@ -537,6 +612,32 @@ class TokenManager:
             )
         finally:
             self._land(flight, response, None, started=started)
+
+    def _renewal_failed(self, flight: _Flight) -> tuple[float, float, int] | None:
+        """Back off after a failed background renewal while its token is still usable.
+
+        Returns:
+            The seconds the token in use has left, the seconds until the next renewal may
+            start, and the failures in a row; ``None`` when no usable token is left, so
+            the failure is a request's.
+        """
+        if not flight.background:
+            return None
+        with self._lock:
+            token = self._token
+            now = self._clock()
+            if token is None or now >= token.usable_until:
+                return None
+            self._renewal_failures += 1
+            # Spaced by the backoff, but tried again before the token is no longer usable,
+            # while that is at least RENEWAL_RETRY_MIN away: each try is one fetch, so
+            # this bounds the fetches of a token's last stretch.
+            wait = min(
+                self._renewal_backoff(self._renewal_failures), (token.usable_until - now) / 2
+            )
+            wait = max(wait, RENEWAL_RETRY_MIN)
+            self._next_renewal = now + wait
+            return token.expires_at - now, wait, self._renewal_failures
 
     def _land(
         self,
@@ -558,6 +659,8 @@ class TokenManager:
                 if current or flight.private:
                     self._token = token
                     self._rejected = False
+                    self._renewal_failures = 0
+                    self._next_renewal = 0.0
                     if self._renew_for_refusal_while_running:
                         # Whichever fetch lands first after such a refusal serves its re-send.
                         self._renewed_for_refusal_while_running = token.generation
@@ -576,15 +679,21 @@ class TokenManager:
             lifetime = None
         if lifetime is None:
             lifetime = self._default_expires_in
-        # Renew ahead of expiry so no request is sent with a token about to lapse, but
-        # never more than half-way through the lifetime, so short tokens are still reused.
+        # Renew ahead of expiry, so that the new token lands while the old one is still
+        # in use; but never before half the lifetime, so short tokens are still reused.
         margin = min(self._refresh_margin, lifetime / 2)
+        # Never sent in its last moment: the API checks expiry on its own clock, when the
+        # request arrives. A tenth of the lifetime at most, so short tokens stay usable.
+        guard = min(EXPIRY_GUARD, lifetime / 10)
         # Times count from when the request was sent, not when the answer came: the server
         # started the lifetime somewhere in between, so this errs on the early side.
+        expires_at = started + lifetime
+        usable_until = expires_at - guard
         return AccessToken(
             value=response.access_token,
             generation=generation,
             obtained_at=started,
-            renew_at=started + lifetime - margin,
-            expires_at=started + lifetime,
+            renew_at=min(expires_at - margin, usable_until),
+            expires_at=expires_at,
+            usable_until=usable_until,
         )

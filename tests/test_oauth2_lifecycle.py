@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 from gql import Client
-from support import CARRIERS, COUNT
+from support import CARRIERS, COUNT, wait_until
 
 from gql_service_auth import AuthEvent, OAuth2Transport
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -56,13 +56,15 @@ async def test_token_is_reused_until_the_refresh_margin(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
     """A 3600 s token is reused until 60 s before expiry, then renewed before it lapses."""
-    async with Client(transport=make_oauth2()) as session:
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
         await session.execute(COUNT)
         clock.advance(3600 - 60 - 1)
         await session.execute(COUNT)
         assert emulator.counters.token_requests == 1
         clock.advance(2)
         await session.execute(COUNT)
+        await wait_until(lambda: transport.token is not None and transport.token.generation == 2)
     assert emulator.counters.token_requests == 2
     assert emulator.counters.unauthenticated_responses == 0
 
@@ -77,13 +79,15 @@ async def test_margin_is_capped_at_half_a_short_lifetime(
     """A 10 s token (``10`` or ``"10"``) is still reused for 5 s, not renewed every request."""
     emulator.token_ttl = 10
     emulator.expires_in_format = expires_in_format
-    async with Client(transport=make_oauth2()) as session:
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
         await session.execute(COUNT)
         clock.advance(4.9)
         await session.execute(COUNT)
         assert emulator.counters.token_requests == 1
         clock.advance(0.2)
         await session.execute(COUNT)
+        await wait_until(lambda: transport.token is not None and transport.token.generation == 2)
     assert emulator.counters.token_requests == 2
 
 
@@ -92,13 +96,15 @@ async def test_missing_expires_in_uses_the_default_lifetime(
 ) -> None:
     """Without expires_in the token lives default_expires_in seconds, never forever."""
     emulator.expires_in_format = "omitted"
-    async with Client(transport=make_oauth2(default_expires_in=100)) as session:
+    transport = make_oauth2(default_expires_in=100)
+    async with Client(transport=transport) as session:
         await session.execute(COUNT)
         clock.advance(49)
         await session.execute(COUNT)
         assert emulator.counters.token_requests == 1
         clock.advance(2)
         await session.execute(COUNT)
+        await wait_until(lambda: transport.token is not None and transport.token.generation == 2)
     assert emulator.counters.token_requests == 2
 
 
@@ -128,13 +134,16 @@ async def test_fetch_events_tell_initial_from_expiring(
     make_oauth2: Callable[..., OAuth2Transport],
     events: list[AuthEvent],
 ) -> None:
-    """The hook hears each fetch with its reason and the lifetime the server gave."""
+    """The hook hears each fetch with its reason and the lifetime the server gave.
+
+    The token expired, so the second query waited for its renewal: ``expired``.
+    """
     async with Client(transport=make_oauth2()) as session:
         await session.execute(COUNT)
         clock.advance(emulator.token_ttl)
         await session.execute(COUNT)
     fetched = [e for e in events if e.name == "token_fetched"]
-    assert [e.reason for e in fetched] == ["initial", "expiring"]
+    assert [e.reason for e in fetched] == ["initial", "expired"]
     assert fetched[0].expires_in == emulator.token_ttl
     assert fetched[0].duration is not None
 

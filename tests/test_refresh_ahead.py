@@ -1,0 +1,318 @@
+"""Renewal ahead of expiry: no query waits for a renewal while a usable token exists.
+
+Through gql's ``Client`` against the emulator, on the manual clock: the token's times are
+moved by ``clock.advance``, and the token endpoint's latency (real time) keeps a renewal in
+flight while the queries run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable
+
+import pytest
+from gql import Client
+from support import COUNT, upload, wait_until
+
+from gql_service_auth import AuthEvent, OAuth2Transport, TokenRequestError
+from gql_service_auth.emulator import Emulator, ManualClock
+
+TTL = 3600.0  # the emulator's default token lifetime
+MARGIN = 60.0  # the transport's default refresh_margin
+GUARD = 5.0  # EXPIRY_GUARD: a token is not sent in its last 5 s
+
+
+def sent_tokens(emulator: Emulator) -> list[str]:
+    """The Authorization header of every GraphQL request, in order."""
+    return [r.headers.get("Authorization", "") for r in emulator.requests if r.path == "/graphql"]
+
+
+def renewed(transport: OAuth2Transport, generation: int) -> Callable[[], bool]:
+    return lambda: transport.token is not None and transport.token.generation >= generation
+
+
+async def test_queries_past_renew_at_use_the_current_token_while_one_renewal_runs(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+) -> None:
+    """Past renew_at, 100 concurrent queries all go out at once with the current token.
+
+    One renewal starts in the background; they do not wait for it, and the queries after
+    it lands carry the new token.
+    """
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        assert transport.token is not None
+        first = transport.token.authorization
+        clock.advance(TTL - MARGIN + 1)
+        emulator.token_latency = 1.0  # the renewal is in flight throughout the queries
+        await asyncio.gather(*(session.execute(COUNT) for _ in range(100)))
+        # All 100 were answered while the renewal was still waiting for its answer.
+        assert transport.token.generation == 1
+        assert emulator.counters.token_requests == 2
+        assert sent_tokens(emulator) == [first] * 101
+        await wait_until(renewed(transport, 2))
+        await session.execute(COUNT)
+    assert transport.token.authorization != first
+    assert sent_tokens(emulator)[-1] == transport.token.authorization
+    assert emulator.counters.token_requests == 2
+    assert [e.reason for e in events if e.name == "token_fetched"] == ["initial", "expiring"]
+
+
+async def test_an_upload_past_renew_at_waits_for_the_renewal_under_way(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """An upload needs more lifetime than is left past renew_at: it joins the one renewal."""
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        clock.advance(TTL - MARGIN + 1)
+        emulator.token_latency = 0.2
+        await session.execute(COUNT)  # starts the background renewal
+        await session.execute(upload(b"note"), upload_files=True)
+        assert transport.token is not None
+        assert transport.token.generation == 2
+        assert sent_tokens(emulator)[-1] == transport.token.authorization
+    assert emulator.counters.token_requests == 2
+
+
+async def test_a_failed_renewal_keeps_the_token_until_it_expires(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+) -> None:
+    """The token endpoint is down past renew_at: every query succeeds with the current token.
+
+    Each failed renewal says how long the token has left and when the next is tried; none
+    is tried sooner. Only once the token is no longer usable does a query wait for a fetch,
+    and fail with the token endpoint's error.
+    """
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        # Three background renewals and one foreground fetch, of 4 attempts each.
+        emulator.fail_token_requests(16, 503)
+        clock.advance(TTL - MARGIN + 1)
+        await session.execute(COUNT)
+        await wait_until(lambda: any(e.name == "token_renewal_failed" for e in events))
+        failed = [e for e in events if e.name == "token_renewal_failed"]
+        assert len(failed) == 1
+        assert failed[0].expires_in == pytest.approx(MARGIN - 1)
+        assert failed[0].attempt == 1
+        assert failed[0].status == 503
+        assert failed[0].wait == 5.0  # the first backoff
+        requests = emulator.counters.token_requests
+        for _ in range(20):  # within the backoff: no renewal, no failure
+            await session.execute(COUNT)
+        assert emulator.counters.token_requests == requests
+        clock.advance(5.0)
+        await session.execute(COUNT)  # the next renewal starts, and fails too
+        await wait_until(lambda: len([e for e in events if e.name == "token_renewal_failed"]) == 2)
+        failed = [e for e in events if e.name == "token_renewal_failed"]
+        assert failed[1].attempt == 2
+        assert failed[1].wait == 10.0
+        assert failed[1].expires_in == pytest.approx(MARGIN - 6)
+        assert not any(e.name == "token_request_failed" for e in events)
+        # Tried again before the token is no longer usable, 5 s before expiry.
+        clock.advance(MARGIN - 6 - GUARD - 0.5)
+        await session.execute(COUNT)
+        await wait_until(lambda: len([e for e in events if e.name == "token_renewal_failed"]) == 3)
+        failed = [e for e in events if e.name == "token_renewal_failed"]
+        assert failed[2].expires_in == pytest.approx(GUARD + 0.5)
+        assert failed[2].wait == 1.0  # RENEWAL_RETRY_MIN
+        # No longer usable: a query waits for a fetch, and fails with the endpoint's error.
+        clock.advance(1.0)
+        with pytest.raises(TokenRequestError) as raised:
+            await session.execute(COUNT)
+        assert raised.value.status == 503
+        assert [e.reason for e in events if e.name == "token_request_failed"] == ["expired"]
+        assert emulator.counters.token_requests == 1 + 16
+        await session.execute(COUNT)
+    assert transport.token is not None
+    assert transport.token.generation == 2
+    queries = emulator.counters.graphql_requests
+    assert queries == 1 + 1 + 20 + 1 + 1 + 1  # the failing query sent nothing
+
+
+async def test_renewal_failures_are_logged_with_the_seconds_left(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One WARNING per failed renewal, readable without configuration."""
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        emulator.fail_token_requests(4, 503)
+        clock.advance(TTL - MARGIN + 1)
+        await session.execute(COUNT)
+        await wait_until(lambda: "token_renewal_failed" in caplog.text)
+    (record,) = [r for r in caplog.records if "token_renewal_failed" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    message = record.getMessage()
+    assert "status=503" in message
+    assert "wait=5.000" in message
+    assert "expires_in=59" in message
+    assert "attempt=1" in message
+
+
+async def test_a_token_is_not_sent_in_its_last_seconds(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+) -> None:
+    """Without a refresh margin, a token is used until 5 s before expiry, then renewed first."""
+    transport = make_oauth2(refresh_margin=0)
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        assert transport.token is not None
+        assert transport.token.usable_until == transport.token.expires_at - GUARD
+        first = transport.token.authorization
+        clock.advance(TTL - GUARD - 0.5)
+        await session.execute(COUNT)
+        assert emulator.counters.token_requests == 1
+        clock.advance(1.0)  # 4.5 s before expiry
+        await session.execute(COUNT)
+    assert emulator.counters.token_requests == 2
+    assert sent_tokens(emulator) == [first, first, transport.token.authorization]
+    assert transport.token.authorization != first
+    assert [e.reason for e in events if e.name == "token_fetched"] == ["initial", "expired"]
+
+
+async def test_the_guard_is_a_tenth_of_a_short_lifetime(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A 4 s token is usable until 0.4 s before expiry, not cut short by 5 s."""
+    emulator.token_ttl = 4
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+    assert transport.token is not None
+    assert transport.token.renew_at == pytest.approx(transport.token.obtained_at + 2)
+    assert transport.token.usable_until == pytest.approx(transport.token.expires_at - 0.4)
+
+
+def test_sync_callers_get_the_renewal_their_call_started(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """gql's sync execute closes its loop after each call; the renewal lives on.
+
+    The call that passes renew_at returns at once; its loop is gone when the renewal
+    lands, and the next call uses the new token. Nothing is left pending on any loop.
+    """
+    transport = make_oauth2()
+    errors: list[BaseException] = []
+
+    def call_on_a_thread() -> None:
+        def target() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                Client(transport=transport).execute(COUNT)
+            except BaseException as exc:  # surfaced by the assertion below
+                errors.append(exc)
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join(10)
+
+    call_on_a_thread()
+    assert transport.token is not None
+    first = transport.token.authorization
+    clock.advance(TTL - MARGIN + 1)
+    emulator.token_latency = 0.3
+    call_on_a_thread()  # returns before the renewal lands; its loop is closed
+    assert transport.token.generation == 1
+    asyncio.run(wait_until(renewed(transport, 2)))
+    call_on_a_thread()
+    gc.collect()
+    assert errors == []
+    assert sent_tokens(emulator) == [first, first, transport.token.authorization]
+    assert emulator.counters.token_requests == 2
+    assert "Task was destroyed" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_close_leaves_nothing_behind_while_a_renewal_runs(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Closing mid-renewal leaves no task or session on the loop; the fetch ends on its own.
+
+    The renewal is the token manager's, not the loop's: it lands for the next connection
+    (as gql's sync execute connects and closes on every call), and its thread ends.
+    """
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        clock.advance(TTL - MARGIN + 1)
+        emulator.token_latency = 0.3
+        await session.execute(COUNT)
+    assert transport.session is None
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    await wait_until(renewed(transport, 2))
+    await wait_until(
+        lambda: not any(t.name == "gql-service-auth-token" for t in threading.enumerate())
+    )
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+    assert emulator.counters.token_requests == 2
+
+
+def test_a_program_that_exits_mid_renewal_exits_cleanly(emulator: Emulator) -> None:
+    """Ending a program while a renewal waits for the token endpoint prints nothing."""
+    client = emulator.recent_client
+    program = textwrap.dedent(
+        f"""
+        import asyncio, warnings
+        from gql import Client, gql
+        from gql_service_auth import OAuth2Transport
+        from gql_service_auth.emulator import ManualClock
+
+        warnings.simplefilter("error")
+        transport = OAuth2Transport(
+            {emulator.graphql_url!r},
+            token_url={emulator.token_url!r},
+            client_id={client.client_id!r},
+            client_secret={client.client_secret!r},
+            clock=(clock := ManualClock()),
+        )
+        query = gql("{{ carriers(first: 1) {{ totalCount }} }}")
+
+        async def main():
+            async with Client(transport=transport) as session:
+                await session.execute(query)
+                clock.advance(3600 - 60 + 1)  # past renew_at: the next query renews ahead
+                await session.execute(query)
+
+        asyncio.run(main())
+        print("done", flush=True)
+        """
+    )
+    emulator.token_latency = 3.0  # the renewal is still waiting when the program ends
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "done\n"
+    assert done.stderr == ""
