@@ -21,6 +21,7 @@ from contextvars import ContextVar
 # and constructors (pydantic, cattrs, IDEs) looks them up in this module.
 from http.cookies import BaseCookie, Morsel  # noqa: F401
 from ssl import SSLContext
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypedDict, TypeVar, cast
 
 import aiohttp
@@ -31,7 +32,7 @@ from gql.transport.aiohttp import AIOHTTPTransport
 from gql.transport.exceptions import TransportError, TransportServerError
 from gql.transport.file_upload import FileVar
 from graphql import DocumentNode, ExecutionResult, OperationDefinitionNode
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -303,6 +304,36 @@ def _with_authorization(
     return args
 
 
+class _SharedArgs:
+    """The aiohttp ``post`` arguments of every request sent with one credential.
+
+    Built once per API key or token, and shared by the requests that pass no ``extra_args``:
+    building a dict and a ``CIMultiDict`` per request cost more than the rest of this layer.
+    Read-only all the way down (aiohttp copies request headers into a new ``CIMultiDict``),
+    so concurrent requests cannot see each other's header; a new token gets new arguments.
+    Its ``repr`` hides the header, which ``vars(transport)`` would show.
+    """
+
+    __slots__ = ("args", "owner")
+
+    def __init__(self, owner: object, authorization: str) -> None:
+        #: The credential these arguments carry; compared by identity.
+        self.owner = owner
+        headers = CIMultiDictProxy(CIMultiDict({"Authorization": authorization}))
+        # gql annotates extra_args as a dict, and only reads it.
+        self.args = cast("dict[str, Any]", MappingProxyType({"headers": headers}))
+
+    def __repr__(self) -> str:
+        return "<_SharedArgs Authorization='***'>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("_SharedArgs is rebuilt, not copied")
+
+
+def _bearer(token: AccessToken) -> str:
+    return token.authorization
+
+
 class _Bare401:
     """An HTTP 401 without a GraphQL body: gql's error for it, rid of credentials.
 
@@ -347,6 +378,7 @@ async def _sent(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | _Bare401
 
 
 _HTTPErrorT = TypeVar("_HTTPErrorT", bound=UnauthenticatedHTTPError)
+_O = TypeVar("_O")
 
 
 def _http_401(kind: type[_HTTPErrorT], bare: _Bare401, explanation: str) -> _HTTPErrorT:
@@ -376,6 +408,26 @@ def _check_number(name: str, value: object, *, positive: bool = False) -> None:
 
 class _AuthenticatingTransport(AIOHTTPTransport):
     """What both transports share: argument checks, sessions per event loop, copying."""
+
+    # The post arguments for the credential last sent without extra_args (see _SharedArgs).
+    _shared_args: _SharedArgs | None = None
+
+    def _post_args(
+        self, extra_args: dict[str, Any] | None, owner: _O, header: Callable[[_O], str]
+    ) -> dict[str, Any]:
+        """The post arguments of one request with the Authorization header of ``owner``.
+
+        Without ``extra_args``, the shared read-only arguments of ``owner`` (the API key's
+        credentials, or a token), built by ``header(owner)`` when ``owner`` is new; with
+        them, a copy of them with the header added.
+        """
+        if extra_args:
+            return _with_authorization(extra_args, header(owner))
+        shared = self._shared_args
+        if shared is None or shared.owner is not owner:
+            # Rebound once per token: what requests in flight read is never changed.
+            shared = self._shared_args = _SharedArgs(owner, header(owner))
+        return shared.args
 
     def __init__(
         self,
@@ -466,6 +518,7 @@ class _AuthenticatingTransport(AIOHTTPTransport):
         state["_sessions"] = {}
         state.pop("response_headers", None)
         state.pop("_bare_refusal", None)
+        state.pop("_shared_args", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -599,24 +652,27 @@ class ApiKeyTransport(_AuthenticatingTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
-        args = _with_authorization(extra_args, self._credentials.api_key_authorization())
+        args = self._post_args(
+            extra_args, self._credentials, ClientCredentials.api_key_authorization
+        )
         try:
             result = await super().execute(request, extra_args=args, upload_files=upload_files)
         except TransportError as exc:
-            args.clear()  # the request is over; the traceback keeps this frame's locals
+            del args  # the request is over; the traceback keeps this frame's locals
             raise self._refused(_bare_401(exc, [self._credentials.client_secret])) from exc
         except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
-            args.clear()
+            del args
             clear_locals(exc)
             raise
-        if _is_refusal(result.errors):
-            error = self._refused(result)
-            # The traceback keeps this frame's locals: the header, and an answer that may
-            # quote the key.
-            args.clear()
-            del result
-            raise error
-        return _scrubbed(result, [self._credentials.client_secret])
+        else:
+            del args  # the traceback of a refusal keeps this frame's locals
+        if result.errors:  # the fast path skips even the calls otherwise
+            if _is_refusal(result.errors):
+                error = self._refused(result)
+                del result  # an answer that may quote the key
+                raise error
+            _scrubbed(result, [self._credentials.client_secret])
+        return result
 
     async def execute_batch(
         self,
@@ -879,18 +935,20 @@ class OAuth2Transport(_AuthenticatingTransport):
             # cached token, and each coroutine layer or closure here costs a query time.
             # No await comes before gql serialises the request, so the caller's object
             # is what the snapshot holds.
-            args = _with_authorization(extra_args, token.authorization)
+            args = self._post_args(extra_args, token, _bearer)
             try:
                 result: ExecutionResult | _Bare401 = await super().execute(
                     request, extra_args=args, upload_files=upload_files
                 )
             except TransportError as exc:
-                args.clear()  # the request is over; the traceback keeps this frame's locals
+                del args  # the request is over; the traceback keeps this frame's locals
                 result = _bare_401(exc, [self._credentials.client_secret, token.value])
             except BaseException as exc:  # cancelled (gql's execute_timeout), or a bug
-                args.clear()
+                del args
                 clear_locals(exc)
                 raise
+            else:
+                del args  # a refusal goes on below, and may end in a traceback
             if not isinstance(result, _Bare401) and not _is_refusal(result.errors):
                 if token.generation > self._tokens.confirmed:
                     self._tokens.confirm(token)
