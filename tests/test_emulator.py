@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from support import wait_until
 
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock, environ_or_emulator
 
@@ -240,3 +242,23 @@ def test_environ_or_emulator_starts_one_otherwise() -> None:
         assert environ["SERVICE_CLIENT_ID"] == emulator.legacy_client.client_id
     with pytest.raises(TypeError, match="token_tll"), environ_or_emulator({}, token_tll=5):
         pass  # pragma: no cover
+
+
+async def test_a_frozen_token_endpoint_holds_requests_until_the_outage_ends(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """During a freeze, token requests hang while the API answers; then they are served."""
+    emulator.freeze_token_endpoint(0.5)
+    held = asyncio.ensure_future(_token(http, emulator, **_grant(emulator.recent_client)))
+    done = []
+    held.add_done_callback(lambda _: done.append("token"))
+    await wait_until(lambda: emulator.counters.token_requests == 1)
+    await _query(http, emulator, "Bearer nothing")  # the API is not frozen
+    done.append("graphql")
+    status, body = await held
+    assert status == 200
+    assert body["token_type"] == "Bearer"
+    assert done == ["graphql", "token"]
+    emulator.freeze_token_endpoint(0)  # ended: answered at once from now on
+    status, _ = await _token(http, emulator, **_grant(emulator.recent_client))
+    assert status == 200

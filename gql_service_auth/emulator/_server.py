@@ -248,6 +248,7 @@ class Emulator:
         self._graphql_faults: deque[_Fault] = deque()
         self._field_refusals = 0
         self._runner: web.AppRunner | None = None
+        self._token_frozen_until = 0.0  # time.monotonic(): outages last real time
 
     def __repr__(self) -> str:
         return f"<Emulator {self.base_url if self._runner else 'not started'}>"
@@ -327,6 +328,19 @@ class Emulator:
             fault_headers["Retry-After"] = f"{retry_after:g}"
         fault = _Fault(status, _encode(body), fault_headers)
         self._faults.extend([fault] * count)
+
+    def freeze_token_endpoint(self, seconds: float) -> None:
+        """Hold every token request that arrives in the next ``seconds`` until they are over.
+
+        An outage as a hung identity provider shows it: requests are accepted and then not
+        answered; when it ends, the held requests and later ones are answered as usual
+        (``token_latency`` and queued faults still apply). Measured in real time
+        (``time.monotonic``), whatever ``clock`` the emulator was given.
+
+        Args:
+            seconds: How long the outage lasts from now; 0 ends one under way.
+        """
+        self._token_frozen_until = time.monotonic() + seconds
 
     def fail_graphql_requests(
         self,
@@ -462,6 +476,9 @@ class Emulator:
 
     async def _token(self, request: web.Request) -> web.StreamResponse:
         self.counters.token_requests += 1
+        frozen = self._token_frozen_until - time.monotonic()
+        if frozen > 0:
+            await asyncio.sleep(frozen)
         if self.token_latency:
             await asyncio.sleep(self.token_latency)
         form: dict[str, str] | None = None
