@@ -305,21 +305,21 @@ def _with_authorization(
 
 
 class _SharedArgs:
-    """The aiohttp ``post`` arguments of every request sent with one credential.
+    """The aiohttp ``post`` arguments of every request sent with one token.
 
-    Built once per API key or token, and shared by the requests that pass no ``extra_args``:
-    building a dict and a ``CIMultiDict`` per request cost more than the rest of this layer.
+    Built once per token, and shared by the requests that pass no ``extra_args``: building
+    a dict and a ``CIMultiDict`` per request cost more than the rest of this layer.
     Read-only all the way down (aiohttp copies request headers into a new ``CIMultiDict``),
     so concurrent requests cannot see each other's header; a new token gets new arguments.
     Its ``repr`` hides the header, which ``vars(transport)`` would show.
     """
 
-    __slots__ = ("args", "owner")
+    __slots__ = ("args", "token")
 
-    def __init__(self, owner: object, authorization: str) -> None:
-        #: The credential these arguments carry; compared by identity.
-        self.owner = owner
-        headers = CIMultiDictProxy(CIMultiDict({"Authorization": authorization}))
+    def __init__(self, token: AccessToken) -> None:
+        #: The token these arguments carry; compared by identity.
+        self.token = token
+        headers = CIMultiDictProxy(CIMultiDict({"Authorization": token.authorization}))
         # gql annotates extra_args as a dict, and only reads it.
         self.args = cast("dict[str, Any]", MappingProxyType({"headers": headers}))
 
@@ -328,10 +328,6 @@ class _SharedArgs:
 
     def __reduce__(self) -> Any:
         raise TypeError("_SharedArgs is rebuilt, not copied")
-
-
-def _bearer(token: AccessToken) -> str:
-    return token.authorization
 
 
 class _Bare401:
@@ -378,7 +374,6 @@ async def _sent(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | _Bare401
 
 
 _HTTPErrorT = TypeVar("_HTTPErrorT", bound=UnauthenticatedHTTPError)
-_O = TypeVar("_O")
 
 
 def _http_401(kind: type[_HTTPErrorT], bare: _Bare401, explanation: str) -> _HTTPErrorT:
@@ -408,26 +403,6 @@ def _check_number(name: str, value: object, *, positive: bool = False) -> None:
 
 class _AuthenticatingTransport(AIOHTTPTransport):
     """What both transports share: argument checks, sessions per event loop, copying."""
-
-    # The post arguments for the credential last sent without extra_args (see _SharedArgs).
-    _shared_args: _SharedArgs | None = None
-
-    def _post_args(
-        self, extra_args: dict[str, Any] | None, owner: _O, header: Callable[[_O], str]
-    ) -> dict[str, Any]:
-        """The post arguments of one request with the Authorization header of ``owner``.
-
-        Without ``extra_args``, the shared read-only arguments of ``owner`` (the API key's
-        credentials, or a token), built by ``header(owner)`` when ``owner`` is new; with
-        them, a copy of them with the header added.
-        """
-        if extra_args:
-            return _with_authorization(extra_args, header(owner))
-        shared = self._shared_args
-        if shared is None or shared.owner is not owner:
-            # Rebound once per token: what requests in flight read is never changed.
-            shared = self._shared_args = _SharedArgs(owner, header(owner))
-        return shared.args
 
     def __init__(
         self,
@@ -583,6 +558,19 @@ class ApiKeyTransport(_AuthenticatingTransport):
             json_deserialize, client_session_args, allow_insecure_http=allow_insecure_http,
         )  # fmt: skip
 
+    async def connect(self) -> None:
+        """Open this event loop's aiohttp session, which sends the API key on every request.
+
+        The key never changes, so it is one of the new session's default headers, set
+        before the session serves any request: aiohttp merges a per-request header into
+        the defaults on every request, which costs more than the rest of this layer. The
+        session is this loop's alone, and shows no header in its ``repr``.
+        """
+        await super().connect()
+        session = self.session
+        assert session is not None
+        session.headers["Authorization"] = self._credentials.api_key_authorization()
+
     @classmethod
     @_forgets_arguments_on_error
     def from_env(
@@ -652,8 +640,11 @@ class ApiKeyTransport(_AuthenticatingTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
-        args = self._post_args(
-            extra_args, self._credentials, ClientCredentials.api_key_authorization
+        # Without extra_args, the header is the session's own (see connect).
+        args = (
+            _with_authorization(extra_args, self._credentials.api_key_authorization())
+            if extra_args
+            else None
         )
         try:
             result = await super().execute(request, extra_args=args, upload_files=upload_files)
@@ -780,6 +771,8 @@ class OAuth2Transport(_AuthenticatingTransport):
     # The last refusal that dropped a token, when it was a bare HTTP 401 (else None): a call
     # that fails at once while renewals are paused ends as that one did, gql's 401 error too.
     _bare_refusal: _Bare401 | None = None
+    # The post arguments of the token last sent without extra_args (see _SharedArgs).
+    _shared_args: _SharedArgs | None = None
 
     @_forgets_arguments_on_error
     def __init__(
@@ -935,11 +928,18 @@ class OAuth2Transport(_AuthenticatingTransport):
             # cached token, and each coroutine layer or closure here costs a query time.
             # No await comes before gql serialises the request, so the caller's object
             # is what the snapshot holds.
-            args = self._post_args(extra_args, token, _bearer)
+            if extra_args:
+                args = _with_authorization(extra_args, token.authorization)
+            else:
+                shared = self._shared_args
+                if shared is None or shared.token is not token:
+                    # Rebound once per token: what requests in flight read never changes.
+                    shared = self._shared_args = _SharedArgs(token)
+                args = shared.args
+                del shared
+            result: ExecutionResult | _Bare401
             try:
-                result: ExecutionResult | _Bare401 = await super().execute(
-                    request, extra_args=args, upload_files=upload_files
-                )
+                answer = await super().execute(request, extra_args=args, upload_files=upload_files)
             except TransportError as exc:
                 del args  # the request is over; the traceback keeps this frame's locals
                 result = _bare_401(exc, [self._credentials.client_secret, token.value])
@@ -949,12 +949,15 @@ class OAuth2Transport(_AuthenticatingTransport):
                 raise
             else:
                 del args  # a refusal goes on below, and may end in a traceback
-            if not isinstance(result, _Bare401) and not _is_refusal(result.errors):
-                if token.generation > self._tokens.confirmed:
-                    self._tokens.confirm(token)
-                if result.errors:  # the fast path skips even the call otherwise
-                    _scrubbed(result, [self._credentials.client_secret, token.value])
-                return result
+                errors = answer.errors
+                if not errors or not _is_refusal(errors):
+                    if token.generation > self._tokens.confirmed:
+                        self._tokens.confirm(token)
+                    if errors:
+                        _scrubbed(answer, [self._credentials.client_secret, token.value])
+                    return answer
+                result = answer
+                del answer, errors  # the refusal may quote the token
             first = (token, result)
         parent = super().execute
 
