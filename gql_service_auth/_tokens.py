@@ -368,13 +368,16 @@ class TokenManager:
         cancelled does not cancel the fetch.
 
         Args:
-            min_ttl: Seconds of validity needed beyond now; a fetched token is returned
-                even if its lifetime is shorter, since asking again would not help.
+            min_ttl: Seconds of validity wished for beyond now; a fetched token is
+                returned even if its lifetime is shorter, since asking again would not
+                help. When renewals fail (the renewal waited for, or one lately, which
+                is backing off), the usable token in hand is returned instead of an error.
             after: The generation of a token the API refused: only a newer token will
                 do, and the renewal after it is shared with every request it refused.
 
         Raises:
-            TokenRequestError: the fetch failed. The next call starts a new fetch.
+            TokenRequestError: the fetch failed, and no usable token is left. The next
+                call starts a new fetch.
             RenewalSpent: the renewal after ``after`` was refused too.
             RenewalPaused: fresh tokens keep being refused; no fetch is started now.
         """
@@ -386,6 +389,12 @@ class TokenManager:
             if token is not None and token.generation > after and self._usable(token, min_ttl):
                 return token
             flight = self._flight
+            if flight is None and min_ttl and self._clock() < self._next_renewal:
+                # A renewal failed lately: the caller wishing for more lifetime gets what
+                # every request gets while it backs off, rather than a fetch of its own.
+                fallback = self._fallback(after)
+                if fallback is not None:
+                    return fallback
             if flight is None:
                 if self._rejected and token is None and after and self._generation > after:
                     raise RenewalSpent
@@ -394,10 +403,24 @@ class TokenManager:
                     raise RenewalPaused(remaining, self._fresh_refusals)
                 flight = self._take_off(token)
                 assert flight is not None  # a foreground flight always takes off
-        if flight.private:
-            await self._fly(flight)
-            return flight.future.result()
-        return await self._wait(flight)
+        try:
+            if flight.private:
+                await self._fly(flight)
+                return flight.future.result()
+            return await self._wait(flight)
+        except TokenRequestError:
+            fallback = self._fallback(after) if min_ttl else None
+            if fallback is None:
+                raise
+        # Outside the except block: the fetch's error is no context of a success.
+        return fallback
+
+    def _fallback(self, after: int) -> AccessToken | None:
+        """The token in hand, if still usable and newer than ``after``, else ``None``."""
+        token = self._token
+        if token is not None and token.generation > after and self._usable(token, 0.0):
+            return token
+        return None
 
     def confirm(self, token: AccessToken) -> None:
         """Record that an answer accepted ``token``: refusals of fresh tokens stop counting."""
@@ -614,14 +637,17 @@ class TokenManager:
             self._land(flight, response, None, started=started)
 
     def _renewal_failed(self, flight: _Flight) -> tuple[float, float, int] | None:
-        """Back off after a failed background renewal while its token is still usable.
+        """Back off after a failed renewal of a token that is still usable.
+
+        A renewal in the background, or one an upload waited for: either way the token
+        in use stays in use, and the next renewal waits out the backoff.
 
         Returns:
             The seconds the token in use has left, the seconds until the next renewal may
             start, and the failures in a row; ``None`` when no usable token is left, so
             the failure is a request's.
         """
-        if not flight.background:
+        if flight.reason != "expiring":
             return None
         with self._lock:
             token = self._token

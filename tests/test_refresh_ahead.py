@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -316,3 +317,106 @@ def test_a_program_that_exits_mid_renewal_exits_cleanly(emulator: Emulator) -> N
     assert done.returncode == 0, done.stderr
     assert done.stdout == "done\n"
     assert done.stderr == ""
+
+
+async def test_an_upload_goes_out_with_the_current_token_when_renewal_fails(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+) -> None:
+    """The token endpoint is down past renew_at: uploads are sent with the token in use.
+
+    The first waits for the renewal and, when it fails, goes with the current token; the
+    next, within the backoff, fetches nothing. Past usable_until, one waits and fails.
+    """
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        assert transport.token is not None
+        first = transport.token.authorization
+        emulator.fail_token_requests(8, 503)  # two fetches of 4 attempts
+        clock.advance(TTL - MARGIN + 1)
+        await session.execute(upload(b"one"), upload_files=True)
+        await session.execute(upload(b"two"), upload_files=True)
+        assert emulator.counters.token_requests == 1 + 4
+        assert sent_tokens(emulator) == [first] * 3
+        renewals = [e for e in events if e.name == "token_renewal_failed"]
+        assert [(e.attempt, e.wait) for e in renewals] == [(1, 5.0)]
+        clock.advance(MARGIN - GUARD)  # no longer usable
+        with pytest.raises(TokenRequestError):
+            await session.execute(upload(b"three"), upload_files=True)
+    assert emulator.counters.token_requests == 1 + 8
+    assert [e.reason for e in events if e.name == "token_request_failed"] == ["expired"]
+
+
+def test_threads_past_renew_at_share_one_background_renewal(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """8 threads' blocking calls past renew_at all go out at once; one renewal for them all."""
+    transport = make_oauth2()
+    emulator.token_latency = 0.3
+    barrier = threading.Barrier(8, timeout=10)
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            barrier.wait()
+            Client(transport=transport).execute(COUNT)
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    asyncio.run(_one_query(transport))
+    clock.advance(TTL - MARGIN + 1)
+    threads = [threading.Thread(target=target) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert errors == []
+    assert transport.token is not None
+    first = transport.token.authorization
+    assert sent_tokens(emulator) == [first] * 9
+    asyncio.run(wait_until(renewed(transport, 2)))
+    assert emulator.counters.token_requests == 2
+
+
+async def _one_query(transport: OAuth2Transport) -> None:
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+
+
+async def test_tokens_shorter_than_their_fetch_cost_one_fetch_at_a_time(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """0.3 s tokens that take 0.2 s to fetch: renewals back to back, never two at once.
+
+    Each lands past its renew_at, so the next query renews again at once; queries in the
+    gap past usable_until wait for it. No query fails and the fetches stay bounded.
+    """
+    emulator.token_ttl = 0.3
+    emulator.token_latency = 0.2
+    transport = make_oauth2(clock=time.monotonic)
+    async with Client(transport=transport) as session:
+        deadline = time.monotonic() + 1.5
+        failed = 0
+
+        async def loop() -> None:
+            nonlocal failed
+            for _ in range(10_000):  # bounded; the deadline ends it first
+                if time.monotonic() >= deadline:
+                    return
+                try:
+                    await session.execute(COUNT)
+                except Exception:
+                    failed += 1
+
+        await asyncio.gather(*(loop() for _ in range(10)))
+    assert failed == 0
+    # One fetch at a time, each at least 0.2 s: at most 1.5 / 0.2 + 1 of them.
+    assert emulator.counters.token_requests <= 8

@@ -42,7 +42,7 @@ from gql_service_auth import (
     TokenRequestError,
     UnauthenticatedError,
 )
-from gql_service_auth.emulator import Emulator
+from gql_service_auth.emulator import Emulator, ManualClock
 
 NO_WAIT = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0)
 ANSWER = {"carriers": {"totalCount": 25}}
@@ -322,6 +322,27 @@ def test_a_forked_child_does_not_wait_on_the_parents_fetch(
     assert child == (0, "ok")
 
 
+def test_a_forked_child_renews_for_itself_while_the_parents_renewal_runs(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Forked mid-renewal: the child's query goes out with the token at once, and the child
+    renews on its own thread, not waiting for the parent's renewal it has no thread of."""
+    transport = make_oauth2()
+    assert _sync_execute(transport, 5) == ANSWER
+    clock.advance(3600 - 60 + 1)
+    emulator.token_latency = 0.5
+    assert _sync_execute(transport, 5) == ANSWER  # starts the parent's background renewal
+    assert _poll(lambda: emulator.counters.token_requests == 2)
+
+    def child() -> None:
+        assert _sync_execute(transport, 5) == ANSWER
+        assert _poll(lambda: transport.token is not None and transport.token.generation == 2)
+
+    assert _in_child(child, timeout=8) == (0, "ok")
+    assert _poll(lambda: transport.token is not None and transport.token.generation == 2)
+    assert emulator.counters.token_requests == 3  # first, the parent's and the child's renewal
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_forked_child_does_not_reuse_the_parents_connected_session(
     emulator: Emulator, kind: str
@@ -471,7 +492,7 @@ FORKED_CHILD_EXITS = """
 import asyncio, os, sys
 from gql import Client, gql
 from gql_service_auth import {cls}
-from gql_service_auth.emulator import Emulator
+from gql_service_auth.emulator import Emulator, ManualClock
 
 COUNT = gql("query {{ carriers(first: 1) {{ totalCount }} }}")
 
