@@ -959,6 +959,22 @@ class OAuth2Transport(_AuthenticatingTransport):
                 result = answer
                 del answer, errors  # the refusal may quote the token
             first = (token, result)
+            del result  # the refusal may quote the token; a traceback keeps locals
+        # The slow path is a coroutine of its own: its closures would make this one's
+        # variables cells, which every request then pays for.
+        rest = self._execute_with_renewal(snapshot, extra_args, upload_files, min_ttl, first)
+        del first  # a traceback keeps this frame's locals; that coroutine drops its own
+        return await rest
+
+    async def _execute_with_renewal(
+        self,
+        snapshot: _Snapshot,
+        extra_args: dict[str, Any] | None,
+        upload_files: bool,
+        min_ttl: float,
+        first: tuple[AccessToken, ExecutionResult | _Bare401] | None,
+    ) -> ExecutionResult:
+        """``execute`` past its fast path: no usable token, or the first send refused."""
         parent = super().execute
 
         def send(authorization: str, payload: GraphQLRequest) -> Awaitable[ExecutionResult]:
@@ -977,8 +993,6 @@ class OAuth2Transport(_AuthenticatingTransport):
             )
         except UnauthenticatedError:
             del first  # the raw answer may quote the token; the traceback keeps locals
-            if token is not None:
-                del result
             raise
 
     async def execute_batch(
