@@ -313,7 +313,7 @@ class TokenManager:
         """The generation of the newest token obtained; 0 before the first."""
         return self._generation
 
-    def fresh(self, *, min_ttl: float = 0.0) -> AccessToken | None:
+    def fresh(self, min_ttl: float = 0.0) -> AccessToken | None:
         """The cached token if it may be sent now, else ``None``; never waits.
 
         Past the token's ``renew_at``, the token is still returned while usable, and a
@@ -381,7 +381,7 @@ class TokenManager:
             RenewalSpent: the renewal after ``after`` was refused too.
             RenewalPaused: fresh tokens keep being refused; no fetch is started now.
         """
-        token = self.fresh(min_ttl=min_ttl)
+        token = self.fresh(min_ttl)
         if token is not None and token.generation > after:
             return token
         with self._lock:

@@ -921,7 +921,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         # An upload's file streams are consumed by the first send, which is never
         # repeated: it asks for a token that will outlive it.
         min_ttl = self._refresh_margin if upload_files else 0.0
-        token = self._tokens.fresh(min_ttl=min_ttl)
+        token = self._tokens.fresh(min_ttl)
         first: tuple[AccessToken, ExecutionResult | _Bare401] | None = None
         if token is not None:
             # Fast path, inlined: almost every request succeeds on its first send with a

@@ -28,8 +28,8 @@ def figures() -> dict[str, Any]:
     return result
 
 
-def test_all_seven_figures_are_reported(figures: dict[str, Any]) -> None:
-    """Each of the seven figures is in the output."""
+def test_all_eight_figures_are_reported(figures: dict[str, Any]) -> None:
+    """Each of the eight figures is in the output."""
     for key in (
         "1 overhead",
         "1 layer cost",
@@ -39,6 +39,7 @@ def test_all_seven_figures_are_reported(figures: dict[str, Any]) -> None:
         "5 footprint",
         "6 scaling",
         "7 pytest plugin",
+        "8 renewal latency",
     ):
         assert key in figures
 
@@ -69,3 +70,11 @@ def test_scaling_counts(figures: dict[str, Any]) -> None:
 def test_event_loop_run_fetched_each_time(figures: dict[str, Any]) -> None:
     """The event-loop figure really measured during token fetches."""
     assert figures["4 event loop"]["token_requests"] == 3
+
+
+def test_renewal_latency_counts(figures: dict[str, Any]) -> None:
+    """No query failed across renewals, and renewals happened in every scenario."""
+    for row in figures["8 renewal latency"].values():
+        assert row["failed"] == 0
+        assert row["token_requests"] >= 2
+        assert row["queries"] > 0
