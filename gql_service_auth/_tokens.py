@@ -11,16 +11,15 @@ thread it does not have. So no fetch runs on a caller's loop: each runs in a sho
 daemon thread with an event loop of its own, bounded in time, and is
 published as a ``concurrent.futures.Future`` that a coroutine on any loop can await.
 Callers only wait; a caller that is cancelled or times out leaves the fetch to finish
-for the others.
+for the others. The state is guarded by a ``threading.Lock`` held only for a few
+attribute reads and writes, never across an ``await``.
 
 Renewal never makes a request wait while a usable token exists. From ``renew_at`` on,
-the request that notices starts one fetch in the background and goes on with the current
-token; later requests do the same until the new token lands. The fetch is on its own
-thread, not on the loop that noticed, so it survives the per-call loop of gql's sync
-``Client.execute``. A failed background renewal leaves the current token in use, and
-the next is tried after a backoff, until the token reaches ``usable_until``: only then
-does a request wait for a fetch. The state is guarded by a ``threading.Lock`` held only for a few
-attribute reads and writes, never across an ``await``.
+the first request that notices starts one fetch in the background and goes on with the
+current token, as do all requests until the new token lands. Being on a thread of its
+own, the fetch outlives the per-call loop of gql's sync ``Client.execute`` that started
+it. A failed renewal leaves the current token in use and is tried again after a backoff,
+until the token reaches ``usable_until``: only then does a request wait for a fetch.
 """
 
 from __future__ import annotations
@@ -154,9 +153,6 @@ class _Flight:
     reason: str
     #: Runs on its caller's loop, for that caller only (no thread could be started).
     private: bool = False
-    #: Started ahead of expiry while the current token stays in use: nobody waited for
-    #: it, unless that token expired or was refused meanwhile.
-    background: bool = False
 
 
 def _settle(waiter: asyncio.Future[AccessToken], done: concurrent.futures.Future[Any]) -> None:
@@ -495,7 +491,7 @@ class TokenManager:
         future: concurrent.futures.Future[AccessToken] = concurrent.futures.Future()
         # A running future cannot be cancelled, so no waiter can cancel it for the others.
         future.set_running_or_notify_cancel()
-        flight = _Flight(future, reason, background=background)
+        flight = _Flight(future, reason)
         thread = threading.Thread(
             target=self._run, args=(flight,), name="gql-service-auth-token", daemon=True
         )

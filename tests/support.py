@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from gql import FileVar, GraphQLRequest, gql
+from gql import Client, FileVar, GraphQLRequest, gql
+from gql.transport.aiohttp import AIOHTTPTransport
 
 CARRIERS = gql("query { carriers(first: 10) { edges { node { id name } } } }")
 """The contract's authentication check query."""
@@ -29,6 +31,35 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> Non
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.005)
+
+
+def execute_on_threads(transport: AIOHTTPTransport, threads: int = 1) -> list[BaseException]:
+    """gql's blocking ``Client.execute`` of COUNT on ``threads`` threads at once.
+
+    Each thread owns an event loop and closes it, as a well-behaved worker does: gql's
+    sync execute creates one where none is set but never closes it. Returns the errors.
+    """
+    errors: list[BaseException] = []
+    together = threading.Barrier(threads, timeout=10)
+
+    def target() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            together.wait()
+            Client(transport=transport).execute(COUNT)
+        except BaseException as exc:  # returned to the caller
+            errors.append(exc)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    started = [threading.Thread(target=target) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join(10)
+    return errors
 
 
 def upload(data: bytes) -> GraphQLRequest:

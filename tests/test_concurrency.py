@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 
 from gql import Client
-from support import COUNT, wait_until
+from support import COUNT, execute_on_threads, wait_until
 
 from gql_service_auth import OAuth2Transport
 from gql_service_auth._tokens import TokenManager, TokenResponse
@@ -66,33 +66,12 @@ def test_sync_execute_from_two_threads_shares_the_token(
 ) -> None:
     """Threads with their own event loops reuse one cached token, and renew it once."""
     transport = make_oauth2()
-    errors: list[BaseException] = []
-
-    def run_in_thread() -> None:
-        def target() -> None:
-            # gql's sync execute runs on the thread's event loop, creating one if needed but
-            # never closing it; a well-behaved worker thread owns and closes its loop.
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            try:
-                Client(transport=transport).execute(COUNT)
-            except BaseException as exc:  # surfaced by the assertion below
-                errors.append(exc)
-            finally:
-                asyncio.set_event_loop(None)
-                loop.close()
-
-        thread = threading.Thread(target=target)
-        thread.start()
-        thread.join(10)
-
-    run_in_thread()
-    run_in_thread()
+    assert execute_on_threads(transport) == []
+    assert execute_on_threads(transport) == []
     assert emulator.counters.token_requests == 1
     clock.advance(emulator.token_ttl)
-    run_in_thread()
-    run_in_thread()
-    assert errors == []
+    assert execute_on_threads(transport) == []
+    assert execute_on_threads(transport) == []
     assert emulator.counters.token_requests == 2
     assert emulator.counters.graphql_requests == 4
 

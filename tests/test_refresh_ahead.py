@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import pytest
 from gql import Client
-from support import COUNT, upload, wait_until
+from support import COUNT, execute_on_threads, upload, wait_until
 
 from gql_service_auth import AuthEvent, OAuth2Transport, TokenRequestError
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -217,35 +217,16 @@ def test_sync_callers_get_the_renewal_their_call_started(
     lands, and the next call uses the new token. Nothing is left pending on any loop.
     """
     transport = make_oauth2()
-    errors: list[BaseException] = []
-
-    def call_on_a_thread() -> None:
-        def target() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            try:
-                Client(transport=transport).execute(COUNT)
-            except BaseException as exc:  # surfaced by the assertion below
-                errors.append(exc)
-            finally:
-                asyncio.set_event_loop(None)
-                loop.close()
-
-        thread = threading.Thread(target=target)
-        thread.start()
-        thread.join(10)
-
-    call_on_a_thread()
+    assert execute_on_threads(transport) == []
     assert transport.token is not None
     first = transport.token.authorization
     clock.advance(TTL - MARGIN + 1)
     emulator.token_latency = 0.3
-    call_on_a_thread()  # returns before the renewal lands; its loop is closed
+    assert execute_on_threads(transport) == []  # back before the renewal lands; loop closed
     assert transport.token.generation == 1
     asyncio.run(wait_until(renewed(transport, 2)))
-    call_on_a_thread()
+    assert execute_on_threads(transport) == []
     gc.collect()
-    assert errors == []
     assert sent_tokens(emulator) == [first, first, transport.token.authorization]
     assert emulator.counters.token_requests == 2
     assert "Task was destroyed" not in caplog.text
@@ -356,39 +337,14 @@ def test_threads_past_renew_at_share_one_background_renewal(
     """8 threads' blocking calls past renew_at all go out at once; one renewal for them all."""
     transport = make_oauth2()
     emulator.token_latency = 0.3
-    barrier = threading.Barrier(8, timeout=10)
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            barrier.wait()
-            Client(transport=transport).execute(COUNT)
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-    asyncio.run(_one_query(transport))
+    assert execute_on_threads(transport) == []
     clock.advance(TTL - MARGIN + 1)
-    threads = [threading.Thread(target=target) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
-    assert errors == []
+    assert execute_on_threads(transport, 8) == []
     assert transport.token is not None
     first = transport.token.authorization
     assert sent_tokens(emulator) == [first] * 9
     asyncio.run(wait_until(renewed(transport, 2)))
     assert emulator.counters.token_requests == 2
-
-
-async def _one_query(transport: OAuth2Transport) -> None:
-    async with Client(transport=transport) as session:
-        await session.execute(COUNT)
 
 
 async def test_tokens_shorter_than_their_fetch_cost_one_fetch_at_a_time(

@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import pickle
-import threading
 import time
 from collections.abc import Callable
 
 from gql import Client
-from support import COUNT, wait_until
+from support import COUNT, execute_on_threads, wait_until
 
 from gql_service_auth import ApiKeyTransport, OAuth2Transport
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -26,35 +25,12 @@ def sent(emulator: Emulator) -> list[str]:
     return [r.headers.get("Authorization", "") for r in emulator.requests if r.path == "/graphql"]
 
 
-def in_threads(transport: object, count: int) -> list[BaseException]:
-    """``count`` threads, each calling gql's blocking execute on a loop of its own."""
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            Client(transport=transport).execute(COUNT)  # type: ignore[arg-type]
-        except BaseException as exc:  # surfaced by the callers' assertions
-            errors.append(exc)
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-    threads = [threading.Thread(target=target) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
-    return errors
-
-
 def test_the_api_key_goes_with_every_loop_and_thread(
     emulator: Emulator, make_api_key: Callable[..., ApiKeyTransport]
 ) -> None:
     """Each loop's session carries the key: blocking calls from 4 threads, then an async one."""
     transport = make_api_key()
-    assert in_threads(transport, 4) == []
+    assert execute_on_threads(transport, 4) == []
 
     async def main() -> None:
         async with Client(transport=transport) as session:
