@@ -31,7 +31,7 @@ class AuthEvent:
         name: ``token_fetched`` (a new token arrived), ``token_request_retry_scheduled``
             (the token endpoint failed transiently and will be asked again),
             ``token_request_failed`` (no token could be had, and requests waited for
-            one), ``token_renewal_failed`` (a background renewal failed; the token in
+            one), ``token_renewal_failed`` (a renewal ahead of expiry failed; the token in
             use stays in use until it expires, and the renewal is tried again after
             ``wait`` seconds), ``token_rejected`` (the
             API refused a token, which is dropped), ``token_expires_in_ignored`` (the
@@ -45,7 +45,7 @@ class AuthEvent:
         attempt: Number of the attempt that just failed, from 1. For
             ``token_request_failed``, the requests made to the token endpoint; ``None``
             when the fetch was cut off or broke before the grant could count them. For
-            ``token_renewal_failed``, the background renewals that failed in a row.
+            ``token_renewal_failed``, the renewals that failed in a row.
         max_attempts: The most attempts allowed, so ``attempt`` reads "2 of 4":
             ``RetryPolicy.attempts`` for token requests, ``max_renewals + 1`` for
             ``request_retry_scheduled``.
