@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import gc
+import threading
+import urllib.request
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -262,3 +266,21 @@ async def test_a_frozen_token_endpoint_holds_requests_until_the_outage_ends(
     emulator.freeze_token_endpoint(0)  # ended: answered at once from now on
     status, _ = await _token(http, emulator, **_grant(emulator.recent_client))
     assert status == 200
+
+
+def test_stopping_mid_request_leaves_no_pending_task(caplog: pytest.LogCaptureFixture) -> None:
+    """A handler asleep in a latency knob, its client gone, is cancelled when the emulator
+    stops: not left pending for the garbage collector to report."""
+
+    def post(url: str) -> None:
+        with contextlib.suppress(OSError):  # the client gives up: its connection closes
+            urllib.request.urlopen(urllib.request.Request(url, data=b"x"), timeout=0.2)
+
+    with Emulator().run_in_thread() as emulator:
+        emulator.token_latency = 5.0
+        caller = threading.Thread(target=post, args=(emulator.token_url,))
+        caller.start()
+        caller.join(10)
+        assert emulator.counters.token_requests == 1
+    gc.collect()
+    assert "Task was destroyed" not in caplog.text

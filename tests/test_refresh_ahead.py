@@ -376,22 +376,3 @@ async def test_tokens_shorter_than_their_fetch_cost_one_fetch_at_a_time(
     assert failed == 0
     # One fetch at a time, each at least 0.2 s: at most 1.5 / 0.2 + 1 of them.
     assert emulator.counters.token_requests <= 8
-
-
-async def test_a_refusal_during_a_background_renewal_waits_for_that_renewal(
-    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
-) -> None:
-    """Revoked past renew_at: the refused query joins the renewal under way; no second fetch."""
-    transport = make_oauth2()
-    async with Client(transport=transport) as session:
-        await session.execute(COUNT)
-        clock.advance(TTL - MARGIN + 1)
-        emulator.token_latency = 0.3
-        emulator.revoke_tokens()
-        result = await session.execute(COUNT)  # starts the renewal, is refused, re-sent
-    assert result["carriers"]["totalCount"] == 25
-    assert transport.token is not None
-    assert transport.token.generation == 2
-    assert emulator.counters.token_requests == 2
-    assert emulator.counters.unauthenticated_responses == 1
-    assert sent_tokens(emulator)[-1] == transport.token.authorization

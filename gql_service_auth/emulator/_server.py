@@ -451,6 +451,14 @@ class Emulator:
             ready.set()
             loop.run_forever()
             loop.run_until_complete(self.close())
+            # A handler still asleep in a latency knob or a frozen token endpoint outlives
+            # aiohttp's shutdown timeout: cancelled here, it is not left pending for the
+            # garbage collector to report as "Task was destroyed but it is pending".
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
             loop.close()
 
         thread = threading.Thread(target=serve, name="gql-service-auth-emulator", daemon=True)
