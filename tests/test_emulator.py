@@ -284,3 +284,17 @@ def test_stopping_mid_request_leaves_no_pending_task(caplog: pytest.LogCaptureFi
         assert emulator.counters.token_requests == 1
     gc.collect()
     assert "Task was destroyed" not in caplog.text
+
+
+async def test_ending_a_freeze_releases_the_requests_it_holds(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """``freeze_token_endpoint(0)`` answers the requests already held, not only later ones."""
+    emulator.freeze_token_endpoint(600)
+    held = asyncio.ensure_future(_token(http, emulator, **_grant(emulator.recent_client)))
+    await wait_until(lambda: emulator.counters.token_requests == 1)
+    assert not held.done()
+    emulator.freeze_token_endpoint(0)
+    await wait_until(held.done)  # a hang guard: held for the 600 s window, this fails
+    status, _ = held.result()
+    assert status == 200

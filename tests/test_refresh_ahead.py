@@ -376,3 +376,29 @@ async def test_tokens_shorter_than_their_fetch_cost_one_fetch_at_a_time(
     assert failed == 0
     # One fetch at a time, each at least 0.2 s: at most 1.5 / 0.2 + 1 of them.
     assert emulator.counters.token_requests <= 8
+
+
+async def test_an_outage_at_renew_at_holds_the_renewal_not_the_queries(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A hung token endpoint past renew_at: queries go on with the current token.
+
+    The one renewal is held by the outage while they run, and lands once it ends.
+    """
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        assert transport.token is not None
+        first = transport.token.authorization
+        emulator.freeze_token_endpoint(600)
+        clock.advance(TTL - MARGIN + 1)
+        await session.execute(COUNT)  # starts the renewal, which the outage holds
+        await wait_until(lambda: emulator.counters.token_requests == 2)
+        await asyncio.gather(*(session.execute(COUNT) for _ in range(20)))
+        assert transport.token.generation == 1
+        assert sent_tokens(emulator) == [first] * 22
+        emulator.freeze_token_endpoint(0)
+        await wait_until(renewed(transport, 2))
+        await session.execute(COUNT)
+    assert sent_tokens(emulator)[-1] == transport.token.authorization != first
+    assert emulator.counters.token_requests == 2

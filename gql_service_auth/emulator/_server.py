@@ -337,6 +337,9 @@ class Emulator:
         (``token_latency`` and queued faults still apply). Measured in real time
         (``time.monotonic``), whatever ``clock`` the emulator was given.
 
+        Called again while requests are held, it moves the end for them too: 0 ends the
+        outage under way and answers them.
+
         Args:
             seconds: How long the outage lasts from now; 0 ends one under way.
         """
@@ -484,9 +487,14 @@ class Emulator:
 
     async def _token(self, request: web.Request) -> web.StreamResponse:
         self.counters.token_requests += 1
-        frozen = self._token_frozen_until - time.monotonic()
-        if frozen > 0:
-            await asyncio.sleep(frozen)
+        # Re-read the end of an outage while held, so a call that ends or extends it (from
+        # any thread, hence polling rather than an asyncio.Event) applies to the requests it
+        # already holds.
+        for _ in range(100_000_000):  # bounded; the end of the outage ends it first
+            frozen = self._token_frozen_until - time.monotonic()
+            if frozen <= 0:
+                break
+            await asyncio.sleep(min(frozen, 0.02))
         if self.token_latency:
             await asyncio.sleep(self.token_latency)
         form: dict[str, str] | None = None
