@@ -8,6 +8,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from gql import Client, FileVar, GraphQLRequest, gql
 from gql.transport.aiohttp import AIOHTTPTransport
@@ -31,6 +32,11 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> Non
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.005)
+
+
+def renewed(transport: Any, generation: int) -> Callable[[], bool]:
+    """A condition for :func:`wait_until`: ``transport`` holds a ``generation`` token or newer."""
+    return lambda: transport.token is not None and transport.token.generation >= generation
 
 
 def execute_on_threads(transport: AIOHTTPTransport, threads: int = 1) -> list[BaseException]:

@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 from gql import Client
-from support import CARRIERS, COUNT, wait_until
+from support import CARRIERS, COUNT, renewed, wait_until
 
 from gql_service_auth import AuthEvent, OAuth2Transport
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -64,7 +64,7 @@ async def test_token_is_reused_until_the_refresh_margin(
         assert emulator.counters.token_requests == 1
         clock.advance(2)
         await session.execute(COUNT)
-        await wait_until(lambda: transport.token is not None and transport.token.generation == 2)
+        await wait_until(renewed(transport, 2))
     assert emulator.counters.token_requests == 2
     assert emulator.counters.unauthenticated_responses == 0
 
@@ -87,7 +87,7 @@ async def test_margin_is_capped_at_half_a_short_lifetime(
         assert emulator.counters.token_requests == 1
         clock.advance(0.2)
         await session.execute(COUNT)
-        await wait_until(lambda: transport.token is not None and transport.token.generation == 2)
+        await wait_until(renewed(transport, 2))
     assert emulator.counters.token_requests == 2
 
 
@@ -104,7 +104,7 @@ async def test_missing_expires_in_uses_the_default_lifetime(
         assert emulator.counters.token_requests == 1
         clock.advance(2)
         await session.execute(COUNT)
-        await wait_until(lambda: transport.token is not None and transport.token.generation == 2)
+        await wait_until(renewed(transport, 2))
     assert emulator.counters.token_requests == 2
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import pytest
 from gql import Client
-from support import COUNT, execute_on_threads, upload, wait_until
+from support import COUNT, execute_on_threads, renewed, upload, wait_until
 
 from gql_service_auth import AuthEvent, OAuth2Transport, TokenRequestError
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -32,10 +32,6 @@ GUARD = 5.0  # EXPIRY_GUARD: a token is not sent in its last 5 s
 def sent_tokens(emulator: Emulator) -> list[str]:
     """The Authorization header of every GraphQL request, in order."""
     return [r.headers.get("Authorization", "") for r in emulator.requests if r.path == "/graphql"]
-
-
-def renewed(transport: OAuth2Transport, generation: int) -> Callable[[], bool]:
-    return lambda: transport.token is not None and transport.token.generation >= generation
 
 
 async def test_queries_past_renew_at_use_the_current_token_while_one_renewal_runs(

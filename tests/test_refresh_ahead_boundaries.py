@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 from gql import Client
 from gql.transport.exceptions import TransportConnectionFailed
-from support import COUNT, secrets_shown, upload, wait_until
+from support import COUNT, renewed, secrets_shown, upload, wait_until
 
 from gql_service_auth import AuthEvent, OAuth2Transport, TokenRequestError
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -48,10 +48,6 @@ def on_a_thread(call: Callable[[], object]) -> None:
     thread.join(20)
     if errors:
         raise errors[0]
-
-
-def generation(transport: OAuth2Transport) -> int:
-    return transport.token.generation if transport.token is not None else 0
 
 
 def named(events: list[AuthEvent], name: str) -> list[AuthEvent]:
@@ -168,9 +164,7 @@ def test_execute_timeout_while_background_renewal_runs(
     with pytest.raises(TimeoutError):
         on_a_thread(lambda: client.execute(upload(b"x"), upload_files=True))
     on_a_thread(lambda: client.execute(COUNT))  # still the current token, at once
-    asyncio.run(
-        wait_until(lambda: transport.token is not None and transport.token.generation == 2)
-    )
+    asyncio.run(wait_until(renewed(transport, 2)))
     assert emulator.counters.token_requests == 2
 
 
@@ -285,9 +279,7 @@ def test_renewal_failed_event_logged_once_per_failure(
     assert len([e for e in seen if e.name == "token_renewal_failed"]) == 1
     clock.advance(5.0)
     on_a_thread(lambda: client.execute(COUNT))
-    asyncio.run(
-        wait_until(lambda: transport.token is not None and transport.token.generation == 2)
-    )
+    asyncio.run(wait_until(renewed(transport, 2)))
     assert not any(
         r.levelno >= logging.ERROR and "hook_failed" not in r.getMessage() for r in caplog.records
     )

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from gql import Client
-from support import COUNT, execute_on_threads, wait_until
+from support import COUNT, execute_on_threads, renewed, wait_until
 
 from gql_service_auth import ApiKeyTransport, OAuth2Transport
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -86,7 +86,7 @@ async def test_each_request_sends_the_token_it_was_checked_with(
         await wait_until(lambda: emulator.counters.graphql_requests == 21)
         clock.advance(3600 - 60 + 1)  # past renew_at: the next query renews in the background
         await session.execute(COUNT)
-        await wait_until(lambda: transport.token is not None and transport.token.generation == 2)
+        await wait_until(renewed(transport, 2))
         emulator.graphql_latency = 0.0
         await asyncio.gather(*(session.execute(COUNT) for _ in range(20)))
         second = transport.token.authorization

@@ -31,7 +31,7 @@ from gql.transport.exceptions import (
     TransportError,
     TransportServerError,
 )
-from support import COUNT, secrets_shown, wait_until
+from support import COUNT, renewed, secrets_shown, wait_until
 
 from gql_service_auth import (
     ApiKeyRejectedError,
@@ -336,10 +336,10 @@ def test_a_forked_child_renews_for_itself_while_the_parents_renewal_runs(
 
     def child() -> None:
         assert _sync_execute(transport, 5) == ANSWER
-        assert _poll(lambda: transport.token is not None and transport.token.generation == 2)
+        assert _poll(renewed(transport, 2))
 
     assert _in_child(child, timeout=8) == (0, "ok")
-    assert _poll(lambda: transport.token is not None and transport.token.generation == 2)
+    assert _poll(renewed(transport, 2))
     assert emulator.counters.token_requests == 3  # first, the parent's and the child's renewal
 
 
