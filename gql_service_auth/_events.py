@@ -11,6 +11,8 @@ from ._constants import LOGGER_NAME
 
 EventName: TypeAlias = Literal[
     "token_fetched",
+    "token_loaded",
+    "token_store_failed",
     "token_request_retry_scheduled",
     "token_request_failed",
     "token_renewal_failed",
@@ -28,7 +30,11 @@ class AuthEvent:
     Never carries a secret or a token. Fields that do not apply to an event are ``None``.
 
     Attributes:
-        name: ``token_fetched`` (a new token arrived), ``token_request_retry_scheduled``
+        name: ``token_fetched`` (a new token arrived), ``token_loaded`` (a token
+            another process fetched was read from the shared token store),
+            ``token_store_failed`` (the shared token store failed or was slow: the
+            process fetches for itself and leaves the store alone for ``wait``
+            seconds), ``token_request_retry_scheduled``
             (the token endpoint failed transiently and will be asked again),
             ``token_request_failed`` (no token could be had, and requests waited for
             one), ``token_renewal_failed`` (a renewal ahead of expiry failed; the token in
@@ -55,7 +61,8 @@ class AuthEvent:
         expires_in: Seconds of lifetime the server gave the new token; ``None`` when it
             gave none and the default lifetime applies. For ``token_expires_in_ignored``,
             the value the server sent. For ``token_renewal_failed``, the seconds the
-            token in use has left.
+            token in use has left. For ``token_loaded``, the seconds the stored token
+            had left.
         status: HTTP status of the failed answer, ``None`` when none came.
         error: RFC 6749 error code, or the exception's class name.
     """
@@ -88,6 +95,8 @@ logger = logging.getLogger(LOGGER_NAME)
 
 _LEVELS: dict[EventName, int] = {
     "token_fetched": logging.DEBUG,
+    "token_loaded": logging.DEBUG,
+    "token_store_failed": logging.WARNING,
     "token_request_retry_scheduled": logging.INFO,
     "token_request_failed": logging.WARNING,
     "token_renewal_failed": logging.WARNING,

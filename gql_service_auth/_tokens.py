@@ -31,13 +31,16 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _fork
 from ._constants import BEARER_SCHEME, EXPIRY_GUARD, RENEWAL_RETRY_MIN
 from ._errors import TokenRequestError
 from ._events import AuthEvent, Emitter
 from ._redact import clear_locals
+
+if TYPE_CHECKING:
+    from ._store import SharedLevel
 
 
 class Clock(Protocol):
@@ -221,6 +224,8 @@ class TokenManager:
         clock: Monotonic clock in seconds, for token lifetimes.
         emit: Receives the life-cycle events; called on the fetch's thread for fetch
             events.
+        shared: A token store shared with other processes, consulted before ``fetch``
+            (see ``_store.py``); ``None`` fetches directly.
     """
 
     def __init__(
@@ -235,8 +240,10 @@ class TokenManager:
         renewal_backoff: Callable[[int], float] | None = None,
         clock: Clock = time.monotonic,
         emit: Callable[[AuthEvent], None] | None = None,
+        shared: SharedLevel | None = None,
     ) -> None:
         self._fetch = fetch
+        self._shared = shared
         self._renewal_backoff = renewal_backoff or _default_renewal_backoff
         self._refresh_margin = refresh_margin
         self._default_expires_in = default_expires_in
@@ -265,6 +272,9 @@ class TokenManager:
         #: may start; read without the lock on the per-request path, past renew_at only.
         self._renewal_failures = 0
         self._next_renewal = 0.0
+        #: The token the API refused last, until a new one lands: a shared store drops
+        #: it, if it still holds it, rather than hand it back.
+        self._refused: AccessToken | None = None
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
@@ -278,6 +288,7 @@ class TokenManager:
             "_default_expires_in",
             "_fetch_timeout",
             "_max_attempts",
+            "_shared",
         )
         state = {name: self.__dict__[name] for name in keep}
         state.update(
@@ -448,6 +459,7 @@ class TokenManager:
             dropped = self._token is token
             if dropped:
                 self._token = None
+                self._refused = token
                 self._rejected = True
                 self._renew_for_refusal_while_running = True
         if dropped:
@@ -468,6 +480,7 @@ class TokenManager:
             if self._token is not token:
                 return False
             self._token = None
+            self._refused = token
             self._rejected = True
             if token.generation > self.confirmed:
                 self._fresh_refusals += 1
@@ -556,9 +569,18 @@ class TokenManager:
     async def _fly(self, flight: _Flight) -> None:
         """Fetch once, bounded in time, and publish the outcome whatever happens."""
         began = time.monotonic()
+        from_store = False
+        limit = self._fetch_timeout + (self._shared.budget if self._shared is not None else 0.0)
         try:
             started = self._clock()
-            response = await asyncio.wait_for(self._fetch(), self._fetch_timeout)
+            if self._shared is None:
+                response = await asyncio.wait_for(self._fetch(), limit)
+            else:
+                refused = self._refused.value if self._refused is not None else None
+                response, from_store = await asyncio.wait_for(
+                    self._shared.obtain(self._fetch, refused), limit
+                )
+                del refused
         except BaseException as exc:
             # The fetch's frames are done: their locals (the grant's form, aiohttp's
             # headers) go, since crash reporters read the locals of tracebacks.
@@ -568,7 +590,7 @@ class TokenManager:
             attempts = exc.attempts if isinstance(exc, TokenRequestError) else None
             if isinstance(exc, asyncio.TimeoutError):
                 error = TokenRequestError(
-                    f"the token fetch did not finish within {self._fetch_timeout:g} s",
+                    f"the token fetch did not finish within {limit:g} s",
                     retryable=True,
                     hint="The token endpoint is too slow; check token_url and the network",
                 )
@@ -623,7 +645,7 @@ class TokenManager:
                 self._emit(AuthEvent("token_expires_in_ignored", expires_in=response.expires_in))
             self._emit(
                 AuthEvent(
-                    "token_fetched",
+                    "token_loaded" if from_store else "token_fetched",
                     reason=flight.reason,
                     duration=time.monotonic() - began,
                     expires_in=response.expires_in,
@@ -680,6 +702,7 @@ class TokenManager:
                 token = self._new_token(response, started, self._generation)
                 if current or flight.private:
                     self._token = token
+                    self._refused = None
                     self._rejected = False
                     self._renewal_failures = 0
                     self._next_renewal = 0.0

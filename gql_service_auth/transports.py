@@ -51,6 +51,7 @@ from ._constants import (
     ENV_BASE_URL,
     ENV_CLIENT_ID,
     ENV_CLIENT_SECRET,
+    ENV_TOKEN_STORE_URL,
     FETCH_GRACE,
     GRAPHQL_PATH,
     MAX_SERVER_TEXT,
@@ -68,6 +69,7 @@ from ._errors import (
 from ._events import AuthEvent, Emitter, EventHook
 from ._oauth2 import AiohttpFormPoster, ClientAuthMethod, ClientCredentialsGrant, RetryPolicy
 from ._redact import clear_locals, redact_chain, redact_text
+from ._store import SharedLevel, TokenIdentity, TokenStore
 from ._token_session import TokenSessionArgs, resolve_token_session
 from ._tokens import AccessToken, Clock, RenewalPaused, RenewalSpent, TokenManager
 
@@ -143,6 +145,7 @@ class OAuth2Options(AIOHTTPTransportOptions, total=False):
     allow_insecure_http: bool
     token_session_args: TokenSessionArgs | None
     token_proxy: str | URL | None
+    token_store: TokenStore | None
 
 
 class ApiKeyOptions(AIOHTTPTransportOptions, total=False):
@@ -763,6 +766,10 @@ class OAuth2Transport(_AuthenticatingTransport):
             ``str`` or ``yarl.URL``, credentials in it as ``user:password@``), in place of
             any other; ``None`` keeps what ``token_session_args`` says. Never shown in a
             ``repr`` or message.
+        token_store: A store that shares tokens with other processes, such as
+            :class:`~gql_service_auth.redis.RedisTokenStore`: a process then asks the
+            token endpoint only when no other process has a token it can use. ``None``
+            keeps tokens in this process only.
 
     Raises:
         ConfigurationError: a bad argument; the message says which.
@@ -803,6 +810,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         allow_insecure_http: bool = False,
         token_session_args: TokenSessionArgs | None = None,
         token_proxy: str | URL | None = None,
+        token_store: TokenStore | None = None,
     ) -> None:
         credentials = ClientCredentials(client_id, client_secret)
         check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
@@ -839,6 +847,32 @@ class OAuth2Transport(_AuthenticatingTransport):
             post=AiohttpFormPoster(ssl=self.ssl, session=token_session),
             emit=self._emit,
         )
+        shared = None
+        if token_store is not None:
+            for method in ("load", "save", "discard", "lock", "unlock"):
+                if not callable(getattr(token_store, method, None)):
+                    raise ConfigurationError(
+                        f"token_store must be a TokenStore; {type(token_store).__name__} "
+                        f"has no {method}()"
+                    )
+            identity = TokenIdentity.of(
+                token_url=str(token_url),
+                client_id=credentials.client_id,
+                client_secret=credentials.client_secret,
+                scope=scope,
+                token_params=dict(token_params or {}),
+                auth_method=token_auth_method,
+            )
+            shared = SharedLevel(
+                token_store,
+                identity,
+                refresh_margin=float(refresh_margin),
+                default_expires_in=float(default_expires_in),
+                # The longest a fetch may take: a holder that dies costs no more.
+                lock_ttl=self._policy.timeout + FETCH_GRACE,
+                emit=self._emit,
+            )
+            del identity
         self._tokens = TokenManager(
             grant,
             refresh_margin=float(refresh_margin),
@@ -848,6 +882,7 @@ class OAuth2Transport(_AuthenticatingTransport):
             max_attempts=self._policy.attempts,
             clock=clock or time.monotonic,
             emit=self._emit,
+            shared=shared,
         )
 
     @classmethod
@@ -866,8 +901,10 @@ class OAuth2Transport(_AuthenticatingTransport):
 
         Reads ``SERVICE_BASE_URL`` and ``SERVICE_AUTH_URL`` (``/graphql`` and
         ``/oauth2/token`` are appended unless they end with them), ``SERVICE_CLIENT_ID``
-        and ``SERVICE_CLIENT_SECRET``. A setting given by keyword wins: its variable is
-        then not read.
+        and ``SERVICE_CLIENT_SECRET``, and, if set, ``SERVICE_TOKEN_STORE_URL``: a Redis
+        URL whose :class:`~gql_service_auth.redis.RedisTokenStore` becomes the
+        ``token_store`` (the ``[redis]`` extra). A setting given by keyword wins: its
+        variable is then not read.
 
         Args:
             environ: Where to read the variables; the process environment by default.
@@ -879,7 +916,16 @@ class OAuth2Transport(_AuthenticatingTransport):
 
         Raises:
             ConfigurationError: a variable is missing or empty; the message names it.
+            ImportError: ``SERVICE_TOKEN_STORE_URL`` is set, and the ``[redis]`` extra is
+                not installed.
         """
+        store_url = environ.get(ENV_TOKEN_STORE_URL, "").strip()
+        if "token_store" not in kwargs and store_url:
+            # Imported only here: the extra's module is the one place that needs redis.
+            from .redis import RedisTokenStore
+
+            kwargs["token_store"] = RedisTokenStore.from_url(store_url)
+        del store_url
         return cls(
             url if url is not None else env_url(environ, ENV_BASE_URL, GRAPHQL_PATH),
             token_url=(

