@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -145,10 +146,10 @@ class TokenStore(Protocol):
         """Delete the stored token if it is ``access_token``; whether it was deleted."""
         ...
 
-    async def lock(self, identity: TokenIdentity, ttl: float) -> str | None:
-        """Take the lock of ``identity`` for ``ttl`` seconds; its owner value, or ``None``.
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> bool:
+        """Take the lock of ``identity`` for ``owner`` and ``ttl`` seconds, if it is free.
 
-        ``None`` means another holder has it. A lock that is not released expires.
+        ``False`` means another holder has it. A lock that is not released expires.
         """
         ...
 
@@ -160,6 +161,10 @@ class TokenStore(Protocol):
 # Shown as gql_service_auth.X, where users import them from (see _errors.py).
 for _public in (TokenIdentity, StoredToken, TokenStore):
     _public.__module__ = "gql_service_auth"
+
+
+def _loaded(stored: StoredToken) -> TokenResponse:
+    return TokenResponse(stored.access_token, stored.expires_in, lifetime=stored.lifetime)
 
 
 class StoreUnavailable(Exception):
@@ -239,38 +244,49 @@ class SharedLevel:
         if time.monotonic() < self._skip_until:
             return await fetch(), False
         identity, store = self._identity, self._store
-        owner: str | None = None
+        # Chosen here, not by the store: a lock call that timed out may still have taken
+        # the lock, and only its owner value can release it.
+        owner = secrets.token_hex(16)
+        held = False  # a lock call went out with this owner: release it whatever happened
         try:
-            if refused is not None:
-                await self._call(store.discard(identity, refused))
-            stored = await self._call(store.load(identity))
-            if self._takes(stored, refused):
-                assert stored is not None
-                return TokenResponse(stored.access_token, stored.expires_in), True
-            deadline = time.monotonic() + self.lock_ttl
-            while True:
-                owner = await self._call(store.lock(identity, self.lock_ttl))
-                if owner is not None:
-                    # A holder may have written between the read and the lock.
-                    stored = await self._call(store.load(identity))
-                    if self._takes(stored, refused):
-                        assert stored is not None
-                        return TokenResponse(stored.access_token, stored.expires_in), True
-                    break
-                if time.monotonic() >= deadline:
-                    break  # a holder outlived its lock's bound: fetch unlocked, as without
-                # Jittered, so waiters that began together do not poll together.
-                await asyncio.sleep(random.uniform(STORE_POLL_MIN, STORE_POLL_MAX))
+            try:
+                if refused is not None:
+                    await self._call(store.discard(identity, refused))
                 stored = await self._call(store.load(identity))
                 if self._takes(stored, refused):
                     assert stored is not None
-                    return TokenResponse(stored.access_token, stored.expires_in), True
-        except StoreUnavailable as error:
-            if owner is not None:
-                await self._release(owner)
-            self._failed(error)
-            return await fetch(), False
-        try:
+                    return _loaded(stored), True
+                deadline = time.monotonic() + self.lock_ttl
+                while True:
+                    held = True
+                    if await self._call(store.lock(identity, owner, self.lock_ttl)):
+                        # A holder may have written between the read and the lock.
+                        stored = await self._call(store.load(identity))
+                        if self._takes(stored, refused):
+                            assert stored is not None
+                            return _loaded(stored), True
+                        break
+                    held = False
+                    if time.monotonic() >= deadline:
+                        break  # a holder outlived its lock's bound: fetch unlocked
+                    # Jittered, so waiters that began together do not poll together.
+                    await asyncio.sleep(random.uniform(STORE_POLL_MIN, STORE_POLL_MAX))
+                    stored = await self._call(store.load(identity))
+                    if self._takes(stored, refused):
+                        assert stored is not None
+                        return _loaded(stored), True
+            except StoreUnavailable as error:
+                self._failed(error)
+                if held:
+                    # Alongside the fetch, not before it: Redis may be the slow part. A
+                    # release that fails leaves the lock to expire within lock_ttl.
+                    held = False
+                    releasing = asyncio.ensure_future(self._release(owner))
+                    try:
+                        return await fetch(), False
+                    finally:
+                        await releasing
+                return await fetch(), False
             started = time.monotonic()
             response = await fetch()
             lifetime = response.expires_in
@@ -286,7 +302,7 @@ class SharedLevel:
                 del token
             return response, False
         finally:
-            if owner is not None:
+            if held:
                 await self._release(owner)
 
     async def _release(self, owner: str) -> None:

@@ -58,17 +58,21 @@ class TokenResponse:
         expires_in: Lifetime in seconds from the server, or ``None`` when it sent none.
         token_type: The server's ``token_type``, or ``None``.
         scope: The granted scope, or ``None``.
+        lifetime: Seconds the token was issued for, when that is more than
+            ``expires_in`` (a token read from a shared store part-way through its life);
+            renewal points are set from it, so every process renews at the same moment.
     """
 
     access_token: str
     expires_in: float | None = None
     token_type: str | None = None
     scope: str | None = None
+    lifetime: float | None = None
 
     def __repr__(self) -> str:
         return (
             f"TokenResponse(access_token='***', expires_in={self.expires_in!r}, "
-            f"token_type={self.token_type!r}, scope={self.scope!r})"
+            f"token_type={self.token_type!r}, scope={self.scope!r}, lifetime={self.lifetime!r})"
         )
 
 
@@ -724,12 +728,15 @@ class TokenManager:
             lifetime = None
         if lifetime is None:
             lifetime = self._default_expires_in
+        # A token issued earlier (read from a shared store) keeps the renewal point and
+        # guard of its whole lifetime, as in the process that fetched it.
+        whole = max(response.lifetime or lifetime, lifetime)
         # Renew ahead of expiry, so that the new token lands while the old one is still
         # in use; but never before half the lifetime, so short tokens are still reused.
-        margin = min(self._refresh_margin, lifetime / 2)
+        margin = min(self._refresh_margin, whole / 2)
         # Never sent in its last moment: the API checks expiry on its own clock, when the
         # request arrives. A tenth of the lifetime at most, so short tokens stay usable.
-        guard = min(EXPIRY_GUARD, lifetime / 10)
+        guard = min(EXPIRY_GUARD, whole / 10)
         # Times count from when the request was sent, not when the answer came: the server
         # started the lifetime somewhere in between, so this errs on the early side.
         expires_at = started + lifetime

@@ -46,7 +46,6 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
@@ -211,6 +210,7 @@ class RedisTokenStore(TokenStore):
             )
         self._init(lambda: client, store_key, timeout, cooldown, prefix)
         self._given: _Hidden | None = _Hidden(client)
+        self._recipe: _Hidden | None = None
 
     @classmethod
     def from_url(
@@ -239,20 +239,24 @@ class RedisTokenStore(TokenStore):
             raise ConfigurationError(
                 "the token store URL must start with redis://, rediss:// or unix://"
             )
-        hidden = _Hidden(url)
-        options: dict[str, Any] = {
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
-            "retry": Retry(NoBackoff(), 0),
-            **client_kwargs,
-        }
+        # Hidden: the URL may hold a password, and client_kwargs one too.
+        hidden = _Hidden((url, client_kwargs))
+        options = _Hidden(
+            {
+                "socket_timeout": timeout,
+                "socket_connect_timeout": timeout,
+                "retry": Retry(NoBackoff(), 0),
+                **client_kwargs,
+            }
+        )
 
         def connect() -> _Client:
-            return aioredis.Redis.from_url(hidden.value, **options)
+            return aioredis.Redis.from_url(url, **options.value)
 
         store = cls.__new__(cls)
         store._init(connect, store_key, timeout, cooldown, prefix)
         store._given = None
+        store._recipe = _Hidden((hidden.value, store_key, timeout, cooldown, prefix))
         return store
 
     def _init(
@@ -292,8 +296,22 @@ class RedisTokenStore(TokenStore):
     def __repr__(self) -> str:
         return f"<RedisTokenStore prefix={self._prefix!r}>"
 
-    def __reduce__(self) -> Any:
-        raise TypeError("a RedisTokenStore cannot be copied or pickled; build one per process")
+    # A copy of a transport shares its store, as it would share a connection pool; a
+    # pickled one gets a store of the same URL in the process that unpickles it.
+    def __copy__(self) -> RedisTokenStore:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RedisTokenStore:
+        return self
+
+    def __reduce__(self) -> tuple[Callable[..., RedisTokenStore], tuple[Any, ...]]:
+        if self._recipe is None:
+            raise TypeError(
+                "a RedisTokenStore built on a client cannot be pickled: build it with "
+                "RedisTokenStore.from_url, or one per process"
+            )
+        (url, client_kwargs), store_key, timeout, cooldown, prefix = self._recipe.value
+        return _restore, (url, client_kwargs, store_key, timeout, cooldown, prefix)
 
     @property
     def timeout(self) -> float:
@@ -390,15 +408,14 @@ class RedisTokenStore(TokenStore):
 
         return bool(await self._on_own_loop(work))
 
-    async def lock(self, identity: TokenIdentity, ttl: float) -> str | None:
-        """Take the fetch lock for ``ttl`` seconds (``SET NX PX``); its owner value."""
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> bool:
+        """Take the fetch lock for ``owner`` and ``ttl`` seconds (``SET NX PX``), if free."""
         keys = self._keys_of(identity)
-        owner = secrets.token_hex(16)
 
         async def work(client: _Client) -> Any:
             return await client.set(keys.lock, owner, nx=True, px=max(int(ttl * 1000), 1))
 
-        return owner if await self._on_own_loop(work) else None
+        return bool(await self._on_own_loop(work))
 
     async def unlock(self, identity: TokenIdentity, owner: str) -> None:
         """Release the fetch lock if ``owner`` still holds it."""
@@ -479,6 +496,24 @@ class _Running:
             future.cancel()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=1.0)
+
+
+def _restore(
+    url: str,
+    client_kwargs: dict[str, Any],
+    store_key: bytes | None,
+    timeout: float,
+    cooldown: float,
+    prefix: str,
+) -> RedisTokenStore:
+    return RedisTokenStore.from_url(
+        url,
+        store_key=store_key,
+        timeout=timeout,
+        cooldown=cooldown,
+        prefix=prefix,
+        **client_kwargs,
+    )
 
 
 def _fresh_copy(client: _Client) -> _Client:

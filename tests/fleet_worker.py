@@ -3,7 +3,8 @@
 Its settings come as JSON in the ``FLEET_CONFIG`` environment variable. It connects, says
 ``ready`` on stdout, then for each line read on stdin (``go``) runs one phase and prints
 its outcome as one JSON line: ``concurrency`` queries at once, or, with ``seconds``, that
-many workers querying back to back for that long. It ends at end of input.
+many workers querying for that long, each waiting ``pause`` seconds between its queries.
+It ends at end of input. ``FLEET_LOG=1`` logs its events to stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ COUNT = gql("query { carriers(first: 1) { totalCount } }")
 
 async def main() -> None:
     config: dict[str, Any] = json.loads(os.environ["FLEET_CONFIG"])
+    if os.environ.get("FLEET_LOG"):
+        import logging
+
+        logging.basicConfig(
+            level=logging.DEBUG, format="%(relativeCreated)6d %(threadName)s %(name)s %(message)s"
+        )
+        logging.getLogger("gql").setLevel(logging.WARNING)
     events: collections.Counter[str] = collections.Counter()
 
     def count(event: AuthEvent) -> None:
@@ -35,7 +43,9 @@ async def main() -> None:
     store = None
     if config.get("redis_url"):
         store = RedisTokenStore.from_url(
-            config["redis_url"], cooldown=config.get("cooldown", 10.0)
+            config["redis_url"],
+            cooldown=config.get("cooldown", 10.0),
+            timeout=config.get("store_timeout", 0.25),
         )
     transport = OAuth2Transport(
         config["graphql_url"],
@@ -64,9 +74,10 @@ async def main() -> None:
                     failures.append(type(exc).__name__)
                 latencies.append(time.monotonic() - began)
 
-            async def back_to_back(until: float) -> None:
+            async def back_to_back(until: float, pause: float = config.get("pause", 0.0)) -> None:
                 while time.monotonic() < until:
                     await one()
+                    await asyncio.sleep(pause)
 
             if "seconds" in config:
                 until = time.monotonic() + config["seconds"]

@@ -18,9 +18,12 @@ def test_there_are_examples() -> None:
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda path: path.name)
-def test_example_runs(script: Path) -> None:
+def test_example_runs(script: Path, request: pytest.FixtureRequest) -> None:
     """The example exits 0 and says it used an emulator, with no SERVICE_* variables set."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
+    shares = "SERVICE_TOKEN_STORE_URL" in script.read_text(encoding="utf-8")
+    if shares:  # an example of the token store gets a real Redis
+        environ["SERVICE_TOKEN_STORE_URL"] = request.getfixturevalue("redis_server").url
     completed = subprocess.run(
         [sys.executable, "-W", "error", str(script)],
         env=environ,
@@ -31,3 +34,5 @@ def test_example_runs(script: Path) -> None:
     )
     assert completed.returncode == 0, completed.stderr
     assert "using an emulator" in completed.stdout
+    if shares:
+        assert "token requests: 1\n" in completed.stdout, completed.stdout

@@ -39,6 +39,8 @@ from gql_service_auth.redis import RedisTokenStore
 
 WORKER = Path(__file__).with_name("fleet_worker.py")
 FAST = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0, timeout=2.0)
+SLOW_MACHINE = 2.0
+"""Seconds of store timeout where a test counts requests rather than tests timeouts."""
 TOKEN_PATTERN = re.compile(rb"emu-token-[A-Za-z0-9_-]{20,}")
 
 
@@ -51,7 +53,9 @@ def emulator() -> Iterator[Emulator]:
 
 @pytest.fixture
 def store(redis_server: RedisServer) -> Iterator[RedisTokenStore]:
-    with RedisTokenStore.from_url(redis_server.url) as opened:
+    # Not the 0.25 s default: tests that count token requests must not fall back because a
+    # loaded machine was slow to connect. Tests of timeouts set their own.
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as opened:
         yield opened
 
 
@@ -132,6 +136,7 @@ def fleet_config(emulator: Emulator, redis_url: str, **more: Any) -> dict[str, A
         "client_id": client.client_id,
         "client_secret": client.client_secret,
         "redis_url": redis_url,
+        "store_timeout": SLOW_MACHINE,
         **more,
     }
 
@@ -244,13 +249,12 @@ async def test_a_refused_token_is_deleted_only_while_it_is_the_stored_one(
 async def test_only_the_lock_owner_releases_it(store: RedisTokenStore) -> None:
     """The lock is SET NX PX with an owner value, released by compare-and-delete."""
     identity = TokenIdentity("https://auth.test/token", "id", "secret-value-123")
-    owner = await store.lock(identity, 5.0)
-    assert owner is not None
-    assert await store.lock(identity, 5.0) is None
-    await store.unlock(identity, "someone-else")
-    assert await store.lock(identity, 5.0) is None
-    await store.unlock(identity, owner)
-    assert await store.lock(identity, 5.0) is not None
+    assert await store.lock(identity, "owner-1", 5.0)
+    assert not await store.lock(identity, "owner-2", 5.0)
+    await store.unlock(identity, "owner-2")
+    assert not await store.lock(identity, "owner-2", 5.0)
+    await store.unlock(identity, "owner-1")
+    assert await store.lock(identity, "owner-2", 5.0)
 
 
 async def test_another_store_key_cannot_read_the_token(redis_server: RedisServer) -> None:
@@ -315,7 +319,8 @@ async def test_a_client_built_by_the_user_works(
     """RedisTokenStore(client) uses a redis.asyncio.Redis the user built."""
     import redis.asyncio
 
-    with RedisTokenStore(redis.asyncio.Redis(port=redis_server.port)) as store:
+    client = redis.asyncio.Redis(port=redis_server.port)
+    with RedisTokenStore(client, timeout=SLOW_MACHINE) as store:
         await query(make(emulator, store))
         await query(make(emulator, store))
     assert emulator.counters.token_requests == 1
@@ -343,7 +348,7 @@ async def test_a_least_privilege_acl_user_suffices(
     try:
         url = redis_server.url.replace("redis://", "redis://gql-service-auth:acl-test-password@")
         events: list[AuthEvent] = []
-        with RedisTokenStore.from_url(url) as store:
+        with RedisTokenStore.from_url(url, timeout=SLOW_MACHINE) as store:
             await query(make(emulator, store, events))
             await query(make(emulator, store, events))
         assert [e.name for e in events] == ["token_fetched", "token_loaded"]
@@ -410,7 +415,7 @@ def test_a_forked_child_uses_the_store_with_a_client_of_its_own(
 ) -> None:
     """After fork(), the child's store reads the parent's token through its own connection."""
     transport = make(emulator, store)
-    Client(transport=transport).execute(COUNT)
+    assert execute_on_threads(transport) == []
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
@@ -430,7 +435,7 @@ def test_a_forked_child_uses_the_store_with_a_client_of_its_own(
         os.waitpid(pid, 0)
     assert emulator.counters.token_requests == 1
     # The parent's store still works after the child's exit.
-    Client(transport=make(emulator, store)).execute(COUNT)
+    assert execute_on_threads(make(emulator, store)) == []
     assert emulator.counters.token_requests == 1
 
 
@@ -480,9 +485,9 @@ def test_a_killed_lock_holder_is_taken_over_when_its_lock_expires(
     assert any(name.endswith(b":lock") for name, _ in redis_server.dump())
     emulator.freeze_token_endpoint(0)
     events: list[AuthEvent] = []
-    with RedisTokenStore.from_url(redis_server.url) as store:
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
         taker = make(emulator, store, events, retry=RetryPolicy(timeout=1.0))
-        Client(transport=taker).execute(COUNT)
+        assert execute_on_threads(taker) == []
     assert emulator.counters.token_requests == 2
     assert [e.name for e in events] == ["token_fetched"]
 
@@ -492,7 +497,9 @@ def test_redis_killed_and_restarted_fails_no_query(
 ) -> None:
     """Processes query on 1 s tokens while Redis dies and comes back: 0 failures, bounded cost."""
     emulator.token_ttl = 1.0
-    config = fleet_config(emulator, own_redis.url, concurrency=5, seconds=3.0, cooldown=0.5)
+    config = fleet_config(
+        emulator, own_redis.url, concurrency=5, seconds=3.0, cooldown=0.5, store_timeout=0.25
+    )
     fleet.append(Fleet(4, **config))
     killer = threading.Timer(0.8, own_redis.stop)
     killer.start()
@@ -508,3 +515,110 @@ def test_redis_killed_and_restarted_fails_no_query(
     # 3 s of 1 s tokens renewed at half-life: about 6 with a store, at most 4 x 7 without.
     assert emulator.counters.token_requests <= 4 * 7
     assert sum(o["events"].get("token_store_failed", 0) for o in outcomes) >= 1
+
+
+async def test_a_redis_cluster_client_works(emulator: Emulator, own_redis: RedisServer) -> None:
+    """On a cluster (one node, every slot), the hash-tagged keys let the scripts run."""
+    from redis.asyncio.cluster import RedisCluster
+    from redis_server import command
+
+    own_redis.stop()
+    own_redis.start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    assert b"+OK" in command(own_redis.port, "CLUSTER", "ADDSLOTS", *map(str, range(16384)))
+    await wait_until(lambda: b"cluster_state:ok" in command(own_redis.port, "CLUSTER", "INFO"))
+    events: list[AuthEvent] = []
+    with RedisTokenStore(
+        RedisCluster(host="127.0.0.1", port=own_redis.port), timeout=SLOW_MACHINE
+    ) as store:
+        first, second = make(emulator, store, events), make(emulator, store, events)
+        await query(first)
+        await query(second)
+        emulator.revoke_tokens()
+        await query(first)
+        await query(second)
+    assert emulator.counters.token_requests == 2
+    fetches = [e.name for e in events if e.name in ("token_fetched", "token_loaded")]
+    assert fetches == ["token_fetched", "token_loaded"] * 2
+
+
+def test_a_copied_transport_shares_the_store_and_a_pickled_one_reconnects(
+    emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """deepcopy shares the store; pickle rebuilds it from its URL; a client's store refuses."""
+    import copy
+    import pickle
+
+    import redis.asyncio
+
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
+        transport = make(emulator, store)
+        assert execute_on_threads(transport) == []
+        assert execute_on_threads(copy.deepcopy(transport)) == []
+        thawed = pickle.loads(pickle.dumps(transport))
+        assert execute_on_threads(thawed) == []
+        assert emulator.counters.token_requests == 1
+        thawed._tokens._shared._store.close()  # type: ignore[union-attr]
+    with (
+        RedisTokenStore(redis.asyncio.Redis(port=redis_server.port)) as given,
+        pytest.raises(TypeError, match="from_url"),
+    ):
+        pickle.dumps(given)
+
+
+def test_a_token_store_that_is_not_one_is_refused(emulator: Emulator) -> None:
+    """token_store= must have the protocol's methods; the message names the missing one."""
+    with pytest.raises(ConfigurationError, match=r"has no load\(\)"):
+        make(emulator, "redis://127.0.0.1:6379")  # type: ignore[arg-type]
+
+
+class RacingStore(RedisTokenStore):
+    """A RedisTokenStore where another process acts just before each lock call."""
+
+    before_lock: Any = None
+    slow_lock = 0.0
+
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> bool:
+        if self.before_lock is not None:
+            await self.before_lock(identity)
+        taken = await super().lock(identity, owner, ttl)
+        await asyncio.sleep(self.slow_lock)  # the answer is lost on the way back
+        return taken
+
+
+def racing_store(url: str, timeout: float = SLOW_MACHINE) -> RacingStore:
+    store = RedisTokenStore.from_url(url, timeout=timeout)
+    store.__class__ = RacingStore
+    return store  # type: ignore[return-value]
+
+
+async def test_the_lock_is_released_when_a_token_landed_before_it(
+    emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """A token written between the read and the lock is used, and the lock released."""
+    with racing_store(redis_server.url) as store:
+
+        async def another_process_writes(identity: TokenIdentity) -> None:
+            store.before_lock = None
+            await store.save(identity, StoredToken("written-meanwhile-token", 60.0, 60.0))
+
+        store.before_lock = another_process_writes
+        transport = make(emulator, store)
+        await transport._tokens.get()
+        assert transport.token is not None
+        assert transport.token.value == "written-meanwhile-token"
+        assert [name for name, _ in redis_server.dump() if name.endswith(b":lock")] == []
+    assert emulator.counters.token_requests == 0
+
+
+async def test_a_lock_call_that_timed_out_is_released(
+    emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """A lock taken whose answer came too late is released, so nobody waits out its lifetime."""
+    events: list[AuthEvent] = []
+    with racing_store(redis_server.url, timeout=0.25) as store:
+        store.slow_lock = 0.5  # longer than the store's timeout
+        await query(make(emulator, store, events))
+        await wait_until(
+            lambda: not [n for n, _ in redis_server.dump() if n.endswith(b":lock")], timeout=2
+        )
+    assert [e.name for e in events] == ["token_store_failed", "token_fetched"]

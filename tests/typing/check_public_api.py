@@ -21,8 +21,11 @@ from gql_service_auth import (
     GqlServiceAuthError,
     OAuth2Transport,
     RetryPolicy,
+    StoredToken,
+    TokenIdentity,
     TokenRequestError,
     TokenSessionArgs,
+    TokenStore,
     UnauthenticatedError,
     UnauthenticatedHTTPError,
 )
@@ -118,3 +121,44 @@ async def main() -> None:
         emulator.fail_token_requests(2, 503, retry_after=1)
         emulator.revoke_tokens()
         print(emulator.counters.token_requests)
+
+
+class MemoryTokenStore:
+    """A TokenStore of the user's own (one process only): the protocol is enough to write one."""
+
+    timeout = 0.25
+    cooldown = 10.0
+
+    def __init__(self) -> None:
+        self.tokens: dict[TokenIdentity, StoredToken] = {}
+
+    async def load(self, identity: TokenIdentity) -> StoredToken | None:
+        return self.tokens.get(identity)
+
+    async def save(self, identity: TokenIdentity, token: StoredToken) -> bool:
+        self.tokens[identity] = token
+        return True
+
+    async def discard(self, identity: TokenIdentity, access_token: str) -> bool:
+        return self.tokens.pop(identity, None) is not None
+
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> bool:
+        return True
+
+    async def unlock(self, identity: TokenIdentity, owner: str) -> None:
+        return None
+
+
+def token_stores(url: str) -> list[OAuth2Transport]:
+    import redis.asyncio
+
+    from gql_service_auth.redis import RedisTokenStore
+
+    mine: TokenStore = MemoryTokenStore()
+    shared = RedisTokenStore.from_url("redis://127.0.0.1:6379/0", store_key=b"0" * 32)
+    given = RedisTokenStore(redis.asyncio.Redis(), timeout=0.1, cooldown=5.0)
+    given.close()
+    return [
+        OAuth2Transport(url, token_url=url, client_id="id", client_secret="s", token_store=store)
+        for store in (mine, shared)
+    ]
