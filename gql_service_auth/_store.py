@@ -217,7 +217,10 @@ class SharedLevel:
         if stored is None or stored.access_token == refused:
             return False
         lifetime = stored.lifetime
-        due = max(min(self._refresh_margin, lifetime / 2), min(EXPIRY_GUARD, lifetime / 10))
+        # Due for renewal by the manager's rule (see TokenManager._new_token); and, with
+        # refresh_margin 0, not within two guards of expiry, so that a token taken is
+        # still usable for a while rather than for the moment it takes to be sent.
+        due = max(min(self._refresh_margin, lifetime / 2), 2 * min(EXPIRY_GUARD, lifetime / 10))
         return stored.expires_in > due
 
     async def _call(self, call: Awaitable[_T]) -> _T:

@@ -48,7 +48,7 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from . import _fork
@@ -61,6 +61,10 @@ __all__ = ["RedisTokenStore"]
 _T = TypeVar("_T")
 
 _Client = aioredis.Redis | RedisCluster
+_Scripts = dict[str, Any]
+
+_MAX_TTL_MS = 366 * 24 * 3600 * 1000
+"""The longest a token is kept, whatever its ``expires_in``: a year (and a valid PEXPIRE)."""
 
 # Salt and labels of the HKDF derivations (RFC 5869): a change of scheme changes them.
 _SALT = b"gql-service-auth token store v1"
@@ -76,7 +80,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expires = now + tonumber(ARGV[3])
 local stored = tonumber(redis.call('HGET', KEYS[1], 'exp') or '0')
-if stored >= expires then return 0 end
+-- A key without a time to live (a write that went wrong) never blocks a newer one.
+if stored >= expires and redis.call('PTTL', KEYS[1]) > 0 then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'fp', ARGV[2], 'exp', expires, 'life', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -339,25 +344,42 @@ class RedisTokenStore(TokenStore):
                 running.loop, running.thread = loop, thread
             return running.loop
 
-    async def _on_own_loop(self, work: Callable[[_Client], Coroutine[Any, Any, _T]]) -> _T:
-        """Run ``work(client)`` on the store's loop; cancelling the caller cancels it."""
+    async def _on_own_loop(self, work: Callable[[_Client, _Scripts], Awaitable[_T]]) -> _T:
+        """Run ``work(client, scripts)`` on the store's loop; cancelling the caller cancels it.
+
+        Nothing run there refers to the store, so the store is never collected (and its
+        finalizer never run) on its own thread.
+        """
         loop = self._own_loop()
         running, connect = self._running, self._connect
 
         async def run() -> _T:
-            if running.client is None:
-                running.client = connect()
-            return await work(running.client)
+            try:
+                if running.closing:
+                    raise RuntimeError("the token store is closed")
+                if running.client is None:
+                    running.client = connect()
+                return await work(running.client, running.scripts)
+            except asyncio.CancelledError:
+                if running.closing:
+                    # Cancelled by close(), not by the caller: to the caller an error of
+                    # the store like any other, so that it fetches its token itself.
+                    raise RuntimeError("the token store was closed") from None
+                raise
 
         future = asyncio.run_coroutine_threadsafe(run(), loop)
         return await asyncio.wrap_future(future)
 
-    def _script(self, client: _Client, source: str) -> Any:
-        scripts = self._running.scripts
-        script = scripts.get(source)
-        if script is None:
-            script = scripts[source] = client.register_script(source)
-        return script
+    async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a Lua script (EVALSHA, loading it on first use) on the keys of one identity."""
+
+        async def work(client: _Client, scripts: _Scripts) -> Any:
+            script = scripts.get(source)
+            if script is None:
+                script = scripts[source] = client.register_script(source)
+            return await script(keys=keys, args=args)
+
+        return await self._on_own_loop(work)
 
     def _keys_of(self, identity: TokenIdentity) -> _Keys:
         keys = self._keys.get(identity)
@@ -371,11 +393,7 @@ class RedisTokenStore(TokenStore):
     async def load(self, identity: TokenIdentity) -> StoredToken | None:
         """The stored token of ``identity``, with its time left by Redis's clock."""
         keys = self._keys_of(identity)
-
-        async def work(client: _Client) -> Any:
-            return await self._script(client, _LOAD)(keys=[keys.token])
-
-        value, lifetime, ttl = await self._on_own_loop(work)
+        value, lifetime, ttl = await self._eval(_LOAD, [keys.token], [])
         if value is None or lifetime is None or int(ttl) <= 0:
             return None
         access_token = keys.open(_text(value))
@@ -386,45 +404,34 @@ class RedisTokenStore(TokenStore):
     async def save(self, identity: TokenIdentity, token: StoredToken) -> bool:
         """Store ``token`` unless the stored one expires later (by Redis's clock)."""
         keys = self._keys_of(identity)
+        # Capped, so that any expires_in a server sends makes a valid PEXPIRE.
+        ttl = min(max(int(token.expires_in * 1000), 1), _MAX_TTL_MS)
         args = [
             keys.seal(token.access_token),
             keys.fingerprint(token.access_token),
-            max(int(token.expires_in * 1000), 1),
-            int(token.lifetime * 1000),
+            ttl,
+            min(int(token.lifetime * 1000), _MAX_TTL_MS),
         ]
-
-        async def work(client: _Client) -> Any:
-            return await self._script(client, _SAVE)(keys=[keys.token], args=args)
-
-        return bool(await self._on_own_loop(work))
+        return bool(await self._eval(_SAVE, [keys.token], args))
 
     async def discard(self, identity: TokenIdentity, access_token: str) -> bool:
         """Delete the stored token if it is ``access_token`` (compared by fingerprint)."""
         keys = self._keys_of(identity)
-        fingerprint = keys.fingerprint(access_token)
-
-        async def work(client: _Client) -> Any:
-            return await self._script(client, _DISCARD)(keys=[keys.token], args=[fingerprint])
-
-        return bool(await self._on_own_loop(work))
+        return bool(await self._eval(_DISCARD, [keys.token], [keys.fingerprint(access_token)]))
 
     async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> bool:
         """Take the fetch lock for ``owner`` and ``ttl`` seconds (``SET NX PX``), if free."""
-        keys = self._keys_of(identity)
+        name = self._keys_of(identity).lock
+        milliseconds = min(max(int(ttl * 1000), 1), _MAX_TTL_MS)
 
-        async def work(client: _Client) -> Any:
-            return await client.set(keys.lock, owner, nx=True, px=max(int(ttl * 1000), 1))
+        async def work(client: _Client, scripts: _Scripts) -> Any:
+            return await client.set(name, owner, nx=True, px=milliseconds)
 
         return bool(await self._on_own_loop(work))
 
     async def unlock(self, identity: TokenIdentity, owner: str) -> None:
         """Release the fetch lock if ``owner`` still holds it."""
-        keys = self._keys_of(identity)
-
-        async def work(client: _Client) -> Any:
-            return await self._script(client, _UNLOCK)(keys=[keys.lock], args=[owner])
-
-        await self._on_own_loop(work)
+        await self._eval(_UNLOCK, [self._keys_of(identity).lock], [owner])
 
     # Life cycle.
 
@@ -473,22 +480,37 @@ class _Running:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
         self.client: _Client | None = None
-        self.scripts: dict[str, Any] = {}
+        self.scripts: _Scripts = {}
+        self.closing = False
 
     def __repr__(self) -> str:
         return f"<running loop={self.loop is not None}>"
 
     def shut(self) -> None:
+        self.closing = True  # from now on, calls fail at once and the client stays closed
         loop, thread = self.loop, self.thread
         self.loop = self.thread = None
         if loop is None or thread is None:
             return
 
         async def close_client() -> None:
+            # Calls under way first (they end in an error, so their callers fetch for
+            # themselves): one still connecting would open a socket after the close.
+            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            if others:
+                await asyncio.wait(others, timeout=0.5)
             client, self.client = self.client, None
+            self.scripts = {}
             if client is not None:
                 await client.aclose()
 
+        if threading.current_thread() is thread:
+            # Collected on its own thread (a last reference dropped there): nothing may
+            # wait for this thread, so the loop stops once the client is closed.
+            loop.create_task(close_client()).add_done_callback(lambda _: loop.stop())
+            return
         future = asyncio.run_coroutine_threadsafe(close_client(), loop)
         try:
             future.result(timeout=1.0)
@@ -520,11 +542,9 @@ def _fresh_copy(client: _Client) -> _Client:
     """A client with ``client``'s settings and none of its connections."""
     if isinstance(client, aioredis.Redis):
         pool = client.connection_pool
-        return aioredis.Redis(
-            connection_pool=type(pool)(
-                connection_class=pool.connection_class, **pool.connection_kwargs
-            )
-        )
+        fresh = type(pool)(connection_class=pool.connection_class, **pool.connection_kwargs)
+        # from_pool: the client owns the pool, so closing the client closes its connections.
+        return aioredis.Redis.from_pool(fresh)
     raise RuntimeError("a RedisCluster given to RedisTokenStore cannot be used after fork()")
 
 
