@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import secrets
 import time
@@ -146,10 +147,13 @@ class TokenStore(Protocol):
         """Delete the stored token if it is ``access_token``; whether it was deleted."""
         ...
 
-    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> bool:
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> float:
         """Take the lock of ``identity`` for ``owner`` and ``ttl`` seconds, if it is free.
 
-        ``False`` means another holder has it. A lock that is not released expires.
+        Returns:
+            0 when it was free and is now ``owner``'s; else the seconds the holder's lock
+            has left, by the store's clock (``math.inf`` for a lock that never expires).
+            A lock that is not released expires.
         """
         ...
 
@@ -209,12 +213,13 @@ class SharedLevel:
     @property
     def budget(self) -> float:
         """The longest a fetch through the store may take, besides the fetch itself."""
-        # Waiting out a dead holder's lock, and a few calls of the store around it.
-        return self.lock_ttl + 6 * self._store.timeout
+        # Waiting out a dead holder's lock, then the lock of the waiter that took over
+        # from it, and a few calls of the store around them.
+        return 2 * self.lock_ttl + 6 * self._store.timeout
 
-    def _takes(self, stored: StoredToken | None, refused: str | None) -> bool:
+    def _takes(self, stored: StoredToken | None, avoid: tuple[str | None, ...]) -> bool:
         """Whether a stored token may be used as it is, rather than renewed."""
-        if stored is None or stored.access_token == refused:
+        if stored is None or stored.access_token in avoid:
             return False
         lifetime = stored.lifetime
         # Due for renewal by the manager's rule (see TokenManager._new_token); and, with
@@ -234,56 +239,70 @@ class SharedLevel:
         self._skip_until = time.monotonic() + cooldown
         self._emit(AuthEvent("token_store_failed", error=str(error), wait=cooldown))
 
-    async def obtain(self, fetch: TokenFetcher, refused: str | None) -> tuple[TokenResponse, bool]:
+    async def obtain(
+        self, fetch: TokenFetcher, refused: str | None, held: str | None = None
+    ) -> tuple[TokenResponse, bool]:
         """A token through the store, or from ``fetch`` when the store cannot help.
 
         Args:
             fetch: Asks the token endpoint.
             refused: The value of a token the API refused, else ``None``.
+            held: The value of the token the process is renewing, else ``None``: the
+                store's copy of it is not taken back, even if not quite due by the
+                store's clock.
 
         Returns:
             The token, and whether it was read from the store.
         """
-        if time.monotonic() < self._skip_until:
+        # A store closed on purpose is gone, not failing: no warning, no cool-down.
+        if time.monotonic() < self._skip_until or getattr(self._store, "closed", False):
             return await fetch(), False
+        avoid = (refused, held)
         identity, store = self._identity, self._store
         # Chosen here, not by the store: a lock call that timed out may still have taken
         # the lock, and only its owner value can release it.
         owner = secrets.token_hex(16)
-        held = False  # a lock call went out with this owner: release it whatever happened
+        locked = False  # a lock call went out with this owner: release it whatever happened
         try:
             try:
                 if refused is not None:
                     await self._call(store.discard(identity, refused))
                 stored = await self._call(store.load(identity))
-                if self._takes(stored, refused):
+                if self._takes(stored, avoid):
                     assert stored is not None
                     return _loaded(stored), True
+                # A lock that never expires (not one of ours) is waited out this long.
                 deadline = time.monotonic() + self.lock_ttl
                 while True:
-                    held = True
-                    if await self._call(store.lock(identity, owner, self.lock_ttl)):
+                    locked = True
+                    left = await self._call(store.lock(identity, owner, self.lock_ttl))
+                    if not left:
                         # A holder may have written between the read and the lock.
                         stored = await self._call(store.load(identity))
-                        if self._takes(stored, refused):
+                        if self._takes(stored, avoid):
                             assert stored is not None
                             return _loaded(stored), True
                         break
-                    held = False
+                    locked = False
+                    if left != math.inf:
+                        # Until the holder's lock expires, by the store's clock: a holder
+                        # that died is taken over by one waiter, whose lock the others
+                        # then wait for in turn, rather than all fetching at once.
+                        deadline = time.monotonic() + left + 2 * STORE_POLL_MAX
                     if time.monotonic() >= deadline:
-                        break  # a holder outlived its lock's bound: fetch unlocked
+                        break  # a lock without an end: fetch unlocked
                     # Jittered, so waiters that began together do not poll together.
                     await asyncio.sleep(random.uniform(STORE_POLL_MIN, STORE_POLL_MAX))
                     stored = await self._call(store.load(identity))
-                    if self._takes(stored, refused):
+                    if self._takes(stored, avoid):
                         assert stored is not None
                         return _loaded(stored), True
             except StoreUnavailable as error:
                 self._failed(error)
-                if held:
+                if locked:
                     # Alongside the fetch, not before it: Redis may be the slow part. A
                     # release that fails leaves the lock to expire within lock_ttl.
-                    held = False
+                    locked = False
                     releasing = asyncio.ensure_future(self._release(owner))
                     try:
                         return await fetch(), False
@@ -305,7 +324,7 @@ class SharedLevel:
                 del token
             return response, False
         finally:
-            if held:
+            if locked:
                 await self._release(owner)
 
     async def _release(self, owner: str) -> None:

@@ -560,15 +560,7 @@ class TokenManager:
         try:
             loop.run_until_complete(self._fly(flight))
         finally:
-            try:
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            finally:
-                loop.close()  # shuts the default executor down without waiting for it
+            close_own_loop(loop)
 
     async def _fly(self, flight: _Flight) -> None:
         """Fetch once, bounded in time, and publish the outcome whatever happens."""
@@ -581,10 +573,12 @@ class TokenManager:
                 response = await asyncio.wait_for(self._fetch(), limit)
             else:
                 refused = self._refused.value if self._refused is not None else None
+                # The token being renewed, if any: its copy in the store will not do.
+                held = self._token.value if self._token is not None else None
                 response, from_store = await asyncio.wait_for(
-                    self._shared.obtain(self._fetch, refused), limit
+                    self._shared.obtain(self._fetch, refused, held), limit
                 )
-                del refused
+                del refused, held
         except BaseException as exc:
             # The fetch's frames are done: their locals (the grant's form, aiohttp's
             # headers) go, since crash reporters read the locals of tracebacks.
@@ -749,3 +743,19 @@ class TokenManager:
             expires_at=expires_at,
             usable_until=usable_until,
         )
+
+
+def close_own_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what is left on a stopped loop of a thread's own, wait a little, close it.
+
+    Bounded: tasks get a second to end, and the default executor is not waited for.
+    """
+    try:
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()  # shuts the default executor down without waiting for it

@@ -18,8 +18,8 @@ taken while one process fetches. Neither says whose they are:
 
 So reading Redis, its backups, its replicas or ``MONITOR`` gives nothing usable; every
 process that holds the client secret (and so could fetch a token itself) can read it.
-The commands used are in Redis 6.2 and Valkey alike: ``SET NX PX``, ``EVALSHA`` (with
-``SCRIPT LOAD``), and in scripts ``TIME``, ``HGET``, ``HMGET``, ``HSET``, ``PTTL``,
+The commands used are in Redis 6.2 and Valkey alike: ``EVALSHA`` (with ``SCRIPT LOAD``),
+and in scripts ``SET NX PX``, ``TIME``, ``HGET``, ``HMGET``, ``HSET``, ``PTTL``,
 ``PEXPIRE``, ``GET`` and ``DEL``.
 """
 
@@ -45,6 +45,7 @@ import concurrent.futures
 import hashlib
 import hmac
 import json
+import math
 import os
 import threading
 import weakref
@@ -55,6 +56,7 @@ from . import _fork
 from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
 from ._errors import ConfigurationError
 from ._store import StoredToken, TokenIdentity, TokenStore
+from ._tokens import close_own_loop
 
 __all__ = ["RedisTokenStore"]
 
@@ -95,6 +97,11 @@ return {v[1], v[2], redis.call('PTTL', KEYS[1])}
 _DISCARD = """
 if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+# SET NX PX, or the holder's time left: waiters wait by Redis's clock for the lock's end.
+_LOCK = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+return redis.call('PTTL', KEYS[1])
 """
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -319,6 +326,11 @@ class RedisTokenStore(TokenStore):
         return _restore, (url, client_kwargs, store_key, timeout, cooldown, prefix)
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: transports then fetch for themselves, quietly."""
+        return self._closed
+
+    @property
     def timeout(self) -> float:
         """Seconds each Redis call may take."""
         return self._timeout
@@ -419,15 +431,18 @@ class RedisTokenStore(TokenStore):
         keys = self._keys_of(identity)
         return bool(await self._eval(_DISCARD, [keys.token], [keys.fingerprint(access_token)]))
 
-    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> bool:
-        """Take the fetch lock for ``owner`` and ``ttl`` seconds (``SET NX PX``), if free."""
-        name = self._keys_of(identity).lock
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> float:
+        """Take the fetch lock for ``owner`` and ``ttl`` seconds (``SET NX PX``), if free.
+
+        Returns:
+            0 when taken; else the seconds the holder's lock has left (Redis ``PTTL``).
+        """
         milliseconds = min(max(int(ttl * 1000), 1), _MAX_TTL_MS)
-
-        async def work(client: _Client, scripts: _Scripts) -> Any:
-            return await client.set(name, owner, nx=True, px=milliseconds)
-
-        return bool(await self._on_own_loop(work))
+        left = int(await self._eval(_LOCK, [self._keys_of(identity).lock], [owner, milliseconds]))
+        if left == 0:
+            return 0.0
+        # -1: a lock without an end (not one of ours); -2: gone meanwhile, so try again soon.
+        return math.inf if left == -1 else max(left, 1) / 1000
 
     async def unlock(self, identity: TokenIdentity, owner: str) -> None:
         """Release the fetch lock if ``owner`` still holds it."""
@@ -553,11 +568,4 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
     try:
         loop.run_forever()
     finally:
-        try:
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
-        finally:
-            loop.close()
+        close_own_loop(loop)

@@ -13,6 +13,9 @@ from typing import Any
 from gql import Client, FileVar, GraphQLRequest, gql
 from gql.transport.aiohttp import AIOHTTPTransport
 
+from gql_service_auth import AuthEvent, OAuth2Transport, RetryPolicy, TokenStore
+from gql_service_auth.emulator import Emulator
+
 CARRIERS = gql("query { carriers(first: 10) { edges { node { id name } } } }")
 """The contract's authentication check query."""
 
@@ -136,3 +139,33 @@ def secrets_shown(exc: BaseException, secrets: Iterable[str], *, own: str) -> li
                 texts[where] = _safe_repr(tb.tb_frame.f_locals)
             tb = tb.tb_next
     return [where for where, text in texts.items() if any(s in text for s in secrets)]
+
+
+STORE_RETRY = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0, timeout=2.0)
+"""The token store tests' retries: no backoff waits, and a 2.5 s fetch lock."""
+
+
+def with_store(
+    emulator: Emulator,
+    store: TokenStore | None,
+    events: list[AuthEvent] | None = None,
+    **kwargs: Any,
+) -> OAuth2Transport:
+    """An OAuth2Transport for the emulator's recent client, sharing tokens through ``store``."""
+    client = emulator.recent_client
+    kwargs.setdefault("retry", STORE_RETRY)
+    return OAuth2Transport(
+        emulator.graphql_url,
+        token_url=emulator.token_url,
+        client_id=client.client_id,
+        client_secret=client.client_secret,
+        token_store=store,
+        on_event=events.append if events is not None else None,
+        **kwargs,
+    )
+
+
+async def query(transport: AIOHTTPTransport, times: int = 1) -> None:
+    """``times`` COUNT queries at once in one session of ``transport``."""
+    async with Client(transport=transport) as session:
+        await asyncio.gather(*(session.execute(COUNT) for _ in range(times)))

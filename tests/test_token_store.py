@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from gql import Client
 from redis_server import RedisServer
-from support import COUNT, execute_on_threads, wait_until
+from support import COUNT, execute_on_threads, query, wait_until, with_store
 
 from gql_service_auth import (
     AuthEvent,
@@ -38,7 +38,6 @@ from gql_service_auth.emulator import Emulator
 from gql_service_auth.redis import RedisTokenStore
 
 WORKER = Path(__file__).with_name("fleet_worker.py")
-FAST = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0, timeout=2.0)
 SLOW_MACHINE = 2.0
 """Seconds of store timeout where a test counts requests rather than tests timeouts."""
 TOKEN_PATTERN = re.compile(rb"emu-token-[A-Za-z0-9_-]{20,}")
@@ -57,30 +56,6 @@ def store(redis_server: RedisServer) -> Iterator[RedisTokenStore]:
     # loaded machine was slow to connect. Tests of timeouts set their own.
     with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as opened:
         yield opened
-
-
-def make(
-    emulator: Emulator,
-    store: RedisTokenStore | None,
-    events: list[AuthEvent] | None = None,
-    **kw: Any,
-) -> OAuth2Transport:
-    client = emulator.recent_client
-    kw.setdefault("retry", FAST)
-    return OAuth2Transport(
-        emulator.graphql_url,
-        token_url=emulator.token_url,
-        client_id=client.client_id,
-        client_secret=client.client_secret,
-        token_store=store,
-        on_event=events.append if events is not None else None,
-        **kw,
-    )
-
-
-async def query(transport: OAuth2Transport, times: int = 1) -> None:
-    async with Client(transport=transport) as session:
-        await asyncio.gather(*(session.execute(COUNT) for _ in range(times)))
 
 
 class Fleet:
@@ -158,8 +133,8 @@ async def test_transports_with_one_store_make_one_token_request(
 ) -> None:
     """A second transport with the same credentials reads the first one's token from Redis."""
     events: list[AuthEvent] = []
-    await query(make(emulator, store, events))
-    await query(make(emulator, store, events), times=10)
+    await query(with_store(emulator, store, events))
+    await query(with_store(emulator, store, events), times=10)
     assert emulator.counters.token_requests == 1
     assert [e.name for e in events] == ["token_fetched", "token_loaded"]
 
@@ -168,7 +143,7 @@ async def test_the_request_path_never_touches_redis(
     emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
 ) -> None:
     """With a token in hand, queries go on while Redis is frozen; Redis is read once per token."""
-    transport = make(emulator, store)
+    transport = with_store(emulator, store)
     async with Client(transport=transport) as session:
         await session.execute(COUNT)
         redis_server.pause()
@@ -183,9 +158,9 @@ async def test_different_scopes_do_not_share_a_token(
     emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """The key covers the scope (and token URL, client id, parameters, auth method)."""
-    await query(make(emulator, store, scope="read"))
-    await query(make(emulator, store, scope="write"))
-    await query(make(emulator, store, scope="read"))
+    await query(with_store(emulator, store, scope="read"))
+    await query(with_store(emulator, store, scope="write"))
+    await query(with_store(emulator, store, scope="read"))
     assert emulator.counters.token_requests == 2
 
 
@@ -193,7 +168,7 @@ async def test_a_refusal_replaces_the_stored_token_once(
     emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """After a revocation, the first transport refused renews; the second reads its renewal."""
-    first, second = make(emulator, store), make(emulator, store)
+    first, second = with_store(emulator, store), with_store(emulator, store)
     await query(first)
     await query(second)
     emulator.revoke_tokens()
@@ -210,7 +185,7 @@ async def test_a_token_due_for_renewal_is_renewed_once_for_all(
 ) -> None:
     """Past half a 1 s token's life, one transport renews it and the other reads the renewal."""
     emulator.token_ttl = 1.0
-    first, second = make(emulator, store), make(emulator, store)
+    first, second = with_store(emulator, store), with_store(emulator, store)
     await query(first)
     await query(second)
     await asyncio.sleep(0.6)
@@ -247,14 +222,17 @@ async def test_a_refused_token_is_deleted_only_while_it_is_the_stored_one(
 
 
 async def test_only_the_lock_owner_releases_it(store: RedisTokenStore) -> None:
-    """The lock is SET NX PX with an owner value, released by compare-and-delete."""
+    """The lock is SET NX PX with an owner value, released by compare-and-delete.
+
+    A waiter learns the holder's time left, by Redis's clock.
+    """
     identity = TokenIdentity("https://auth.test/token", "id", "secret-value-123")
-    assert await store.lock(identity, "owner-1", 5.0)
-    assert not await store.lock(identity, "owner-2", 5.0)
+    assert await store.lock(identity, "owner-1", 5.0) == 0
+    assert 4.0 < await store.lock(identity, "owner-2", 5.0) <= 5.0  # the holder's time left
     await store.unlock(identity, "owner-2")
-    assert not await store.lock(identity, "owner-2", 5.0)
+    assert await store.lock(identity, "owner-2", 5.0) > 0
     await store.unlock(identity, "owner-1")
-    assert await store.lock(identity, "owner-2", 5.0)
+    assert await store.lock(identity, "owner-2", 5.0) == 0
 
 
 async def test_another_store_key_cannot_read_the_token(redis_server: RedisServer) -> None:
@@ -277,7 +255,7 @@ async def test_redis_holds_no_client_id_secret_or_token(
     emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
 ) -> None:
     """A scan of every key and value finds no client id, no secret, no plaintext token."""
-    transport = make(emulator, store)
+    transport = with_store(emulator, store)
     await query(transport)
     assert transport.token is not None
     dump = redis_server.dump()
@@ -321,17 +299,23 @@ async def test_a_client_built_by_the_user_works(
 
     client = redis.asyncio.Redis(port=redis_server.port)
     with RedisTokenStore(client, timeout=SLOW_MACHINE) as store:
-        await query(make(emulator, store))
-        await query(make(emulator, store))
+        await query(with_store(emulator, store))
+        await query(with_store(emulator, store))
     assert emulator.counters.token_requests == 1
 
 
 async def test_from_env_reads_the_store_url(emulator: Emulator, redis_server: RedisServer) -> None:
     """SERVICE_TOKEN_STORE_URL gives from_env() a RedisTokenStore."""
     environ = {**emulator.environ(), "SERVICE_TOKEN_STORE_URL": redis_server.url}
-    await query(OAuth2Transport.from_env(environ))
-    await query(OAuth2Transport.from_env(environ))
-    assert emulator.counters.token_requests == 1
+    events: list[AuthEvent] = []
+    first = OAuth2Transport.from_env(environ, on_event=events.append)
+    await query(first)
+    await query(OAuth2Transport.from_env(environ, on_event=events.append))
+    assert isinstance(first._tokens._shared._store, RedisTokenStore)  # type: ignore[union-attr]
+    # One request, and one more only if a loaded machine kept Redis past its 0.25 s.
+    names = [e.name for e in events]
+    assert emulator.counters.token_requests == 1 + names.count("token_store_failed")
+    assert names.count("token_loaded") + names.count("token_store_failed") == 1
 
 
 async def test_a_least_privilege_acl_user_suffices(
@@ -349,8 +333,8 @@ async def test_a_least_privilege_acl_user_suffices(
         url = redis_server.url.replace("redis://", "redis://gql-service-auth:acl-test-password@")
         events: list[AuthEvent] = []
         with RedisTokenStore.from_url(url, timeout=SLOW_MACHINE) as store:
-            await query(make(emulator, store, events))
-            await query(make(emulator, store, events))
+            await query(with_store(emulator, store, events))
+            await query(with_store(emulator, store, events))
         assert [e.name for e in events] == ["token_fetched", "token_loaded"]
     finally:
         command(redis_server.port, "ACL", "DELUSER", "gql-service-auth")
@@ -367,7 +351,7 @@ async def test_redis_down_never_fails_a_query(
 
     events: list[AuthEvent] = []
     with RedisTokenStore.from_url(f"redis://127.0.0.1:{free_port()}/0") as store:
-        transport = make(emulator, store, events)
+        transport = with_store(emulator, store, events)
         await query(transport, times=5)
         emulator.revoke_tokens()
         await query(transport, times=5)
@@ -388,7 +372,7 @@ async def test_a_frozen_redis_costs_one_timeout(
     with RedisTokenStore.from_url(own_redis.url, timeout=0.2) as store:
         own_redis.pause()
         began = time.monotonic()
-        await query(make(emulator, store, events), times=10)
+        await query(with_store(emulator, store, events), times=10)
         took = time.monotonic() - began
         own_redis.resume()
     assert [e.name for e in events] == ["token_store_failed", "token_fetched"]
@@ -403,7 +387,7 @@ def test_blocking_execute_on_many_threads_shares_one_token(
     emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """gql's sync execute, a loop per call on 8 threads, with two transports: one request."""
-    first, second = make(emulator, store), make(emulator, store)
+    first, second = with_store(emulator, store), with_store(emulator, store)
     assert execute_on_threads(first, threads=8) == []
     assert execute_on_threads(second, threads=8) == []
     assert emulator.counters.token_requests == 1
@@ -414,14 +398,14 @@ def test_a_forked_child_uses_the_store_with_a_client_of_its_own(
     emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """After fork(), the child's store reads the parent's token through its own connection."""
-    transport = make(emulator, store)
+    transport = with_store(emulator, store)
     assert execute_on_threads(transport) == []
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         code = 1
         try:
-            child = make(emulator, store)
+            child = with_store(emulator, store)
             Client(transport=child).execute(COUNT)
             code = 0 if child.token and child.token.value == transport.token.value else 2  # type: ignore[union-attr]
         finally:
@@ -435,7 +419,7 @@ def test_a_forked_child_uses_the_store_with_a_client_of_its_own(
         os.waitpid(pid, 0)
     assert emulator.counters.token_requests == 1
     # The parent's store still works after the child's exit.
-    assert execute_on_threads(make(emulator, store)) == []
+    assert execute_on_threads(with_store(emulator, store)) == []
     assert emulator.counters.token_requests == 1
 
 
@@ -486,7 +470,7 @@ def test_a_killed_lock_holder_is_taken_over_when_its_lock_expires(
     emulator.freeze_token_endpoint(0)
     events: list[AuthEvent] = []
     with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
-        taker = make(emulator, store, events, retry=RetryPolicy(timeout=1.0))
+        taker = with_store(emulator, store, events, retry=RetryPolicy(timeout=1.0))
         assert execute_on_threads(taker) == []
     assert emulator.counters.token_requests == 2
     assert [e.name for e in events] == ["token_fetched"]
@@ -517,12 +501,32 @@ def test_redis_killed_and_restarted_fails_no_query(
     assert sum(o["events"].get("token_store_failed", 0) for o in outcomes) >= 1
 
 
+def cluster_port() -> int:
+    """A free port on 127.0.0.1 whose cluster bus port (+10000) is free as well."""
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as probe, socket.socket() as bus:
+            probe.bind(("127.0.0.1", 0))
+            port: int = probe.getsockname()[1]
+            if port + 10000 > 65535:
+                continue
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 async def test_a_redis_cluster_client_works(emulator: Emulator, own_redis: RedisServer) -> None:
     """On a cluster (one node, every slot), the hash-tagged keys let the scripts run."""
     from redis.asyncio.cluster import RedisCluster
     from redis_server import command
 
     own_redis.stop()
+    # A node's cluster bus listens on its port + 10000, which must be a port too.
+    own_redis.port = cluster_port()
     own_redis.start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
     assert b"+OK" in command(own_redis.port, "CLUSTER", "ADDSLOTS", *map(str, range(16384)))
     await wait_until(lambda: b"cluster_state:ok" in command(own_redis.port, "CLUSTER", "INFO"))
@@ -530,7 +534,7 @@ async def test_a_redis_cluster_client_works(emulator: Emulator, own_redis: Redis
     with RedisTokenStore(
         RedisCluster(host="127.0.0.1", port=own_redis.port), timeout=SLOW_MACHINE
     ) as store:
-        first, second = make(emulator, store, events), make(emulator, store, events)
+        first, second = with_store(emulator, store, events), with_store(emulator, store, events)
         await query(first)
         await query(second)
         emulator.revoke_tokens()
@@ -551,7 +555,7 @@ def test_a_copied_transport_shares_the_store_and_a_pickled_one_reconnects(
     import redis.asyncio
 
     with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
-        transport = make(emulator, store)
+        transport = with_store(emulator, store)
         assert execute_on_threads(transport) == []
         assert execute_on_threads(copy.deepcopy(transport)) == []
         thawed = pickle.loads(pickle.dumps(transport))
@@ -568,7 +572,7 @@ def test_a_copied_transport_shares_the_store_and_a_pickled_one_reconnects(
 def test_a_token_store_that_is_not_one_is_refused(emulator: Emulator) -> None:
     """token_store= must have the protocol's methods; the message names the missing one."""
     with pytest.raises(ConfigurationError, match=r"has no load\(\)"):
-        make(emulator, "redis://127.0.0.1:6379")  # type: ignore[arg-type]
+        with_store(emulator, "redis://127.0.0.1:6379")  # type: ignore[arg-type]
 
 
 class RacingStore(RedisTokenStore):
@@ -577,7 +581,7 @@ class RacingStore(RedisTokenStore):
     before_lock: Any = None
     slow_lock = 0.0
 
-    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> bool:
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> float:
         if self.before_lock is not None:
             await self.before_lock(identity)
         taken = await super().lock(identity, owner, ttl)
@@ -602,7 +606,7 @@ async def test_the_lock_is_released_when_a_token_landed_before_it(
             await store.save(identity, StoredToken("written-meanwhile-token", 60.0, 60.0))
 
         store.before_lock = another_process_writes
-        transport = make(emulator, store)
+        transport = with_store(emulator, store)
         await transport._tokens.get()
         assert transport.token is not None
         assert transport.token.value == "written-meanwhile-token"
@@ -617,8 +621,120 @@ async def test_a_lock_call_that_timed_out_is_released(
     events: list[AuthEvent] = []
     with racing_store(redis_server.url, timeout=0.25) as store:
         store.slow_lock = 0.5  # longer than the store's timeout
-        await query(make(emulator, store, events))
+        await query(with_store(emulator, store, events))
         await wait_until(
             lambda: not [n for n, _ in redis_server.dump() if n.endswith(b":lock")], timeout=2
         )
     assert [e.name for e in events] == ["token_store_failed", "token_fetched"]
+
+
+def test_without_the_extra_the_import_error_names_it() -> None:
+    """Without redis-py, importing gql_service_auth.redis says which extra to install."""
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "try:\n"
+        "    import gql_service_auth.redis\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "pip install 'gql-service-auth[redis]'" in done.stdout
+
+
+def test_nothing_else_imports_redis() -> None:
+    """The transports work without redis-py: only gql_service_auth.redis imports it."""
+    code = (
+        "import sys; import gql_service_auth.transports, gql_service_auth.cli\n"
+        "import gql_service_auth.pytest_plugin, gql_service_auth.emulator\n"
+        "extra = ('redis', 'redis.', 'cryptography')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(extra)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("latency", [0.0, 0.3])
+async def test_waiters_of_a_dead_holder_take_over_one_at_a_time(
+    emulator: Emulator, store: RedisTokenStore, latency: float
+) -> None:
+    """A holder died with the lock as 6 transports started cold: after it, one fetch only.
+
+    Waiters wait for the lock's end by Redis's clock: the one that takes it over fetches,
+    and the others wait for its lock in turn rather than all fetching at once.
+    """
+    emulator.token_latency = latency
+    events: list[AuthEvent] = []
+    transports = [with_store(emulator, store, events) for _ in range(6)]
+    shared = transports[0]._tokens._shared
+    assert shared is not None
+    # The lock a process killed right after taking it leaves behind.
+    assert await store.lock(shared._identity, "dead-owner", shared.lock_ttl) == 0
+    await asyncio.wait_for(asyncio.gather(*(query(t, 5) for t in transports)), 30)
+    assert emulator.counters.token_requests == 1
+    assert [e.name for e in events].count("token_loaded") == 5
+
+
+async def test_a_closed_store_is_left_alone_quietly(
+    emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """After close(), transports fetch for themselves, with no store warning."""
+    events: list[AuthEvent] = []
+    store = RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE)
+    transport = with_store(emulator, store, events)
+    await query(transport)
+    store.close()
+    for _ in range(3):
+        emulator.revoke_tokens()
+        await query(transport)
+    assert emulator.counters.token_requests == 4
+    assert "token_store_failed" not in [e.name for e in events]
+
+
+async def test_a_stored_token_keeps_the_guard_and_margin_of_its_whole_lifetime(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """Read with 0.6 s left of 1 s, a token is renewed 0.5 s and not sent 0.1 s before expiry.
+
+    As in the process that fetched it; computed from the time left, they would be 0.3 s
+    and 0.06 s, and a token read late would be sent in its last moments.
+    """
+    fetched = with_store(emulator, None)
+    await query(fetched)
+    assert fetched.token is not None
+    reader = with_store(emulator, store)
+    shared = reader._tokens._shared
+    assert shared is not None
+    await store.save(shared._identity, StoredToken(fetched.token.value, 0.6, 1.0))
+    await reader._tokens.get()
+    token = reader.token
+    assert token is not None
+    assert token.value == fetched.token.value
+    assert token.expires_at - token.usable_until == pytest.approx(0.1)
+    assert token.expires_at - token.renew_at == pytest.approx(0.5)
+
+
+async def test_a_renewal_never_reads_back_the_token_it_renews(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """Readers of 2 s tokens load each new token once, not the old one again first."""
+    emulator.token_ttl = 2.0
+    events: list[AuthEvent] = []
+    transports = [with_store(emulator, store, events) for _ in range(3)]
+
+    async def loop(transport: OAuth2Transport, until: float) -> None:
+        async with Client(transport=transport) as session:
+            while time.monotonic() < until:
+                await session.execute(COUNT)
+                await asyncio.sleep(0.02)
+
+    until = time.monotonic() + 3.5
+    await asyncio.gather(*(loop(t, until) for t in transports))
+    names = [e.name for e in events]
+    fetched, loaded = names.count("token_fetched"), names.count("token_loaded")
+    assert fetched >= 2
+    # Each token is fetched by one transport and loaded once by each of the two others.
+    assert loaded <= 2 * fetched + 1

@@ -142,8 +142,8 @@ class MemoryTokenStore:
     async def discard(self, identity: TokenIdentity, access_token: str) -> bool:
         return self.tokens.pop(identity, None) is not None
 
-    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> bool:
-        return True
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> float:
+        return 0.0
 
     async def unlock(self, identity: TokenIdentity, owner: str) -> None:
         return None
