@@ -652,8 +652,9 @@ def fleet(sizes: Sizes) -> dict[str, Any]:
     saturating: with queries queued for longer than a token has left, tokens expire in
     flight whatever the client does. Token requests are counted by the emulator.
     """
-    sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' redis-server launcher
+    sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' launcher and fleet settings
     from redis_server import RedisServer, find_binary
+    from support import fleet_config
 
     binary = find_binary()
     if binary is None:
@@ -671,15 +672,11 @@ def fleet(sizes: Sizes) -> dict[str, Any]:
         try:
             for mode in ("without store", "with RedisTokenStore"):
                 with Emulator(token_ttl=sizes.fleet_ttl).run_in_thread() as emulator:
-                    client = emulator.recent_client
-                    common = {
-                        "graphql_url": emulator.graphql_url,
-                        "token_url": emulator.token_url,
-                        "client_id": client.client_id,
-                        "client_secret": client.client_secret,
-                        "redis_url": redis.url if mode != "without store" else None,
-                        "concurrency": sizes.fleet_concurrency,
-                    }
+                    common = fleet_config(
+                        emulator,
+                        redis.url if mode != "without store" else None,
+                        concurrency=sizes.fleet_concurrency,
+                    )
                     row: dict[str, Any] = {}
                     for phase, extra in (
                         ("cold start", {}),

@@ -99,8 +99,9 @@ if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then return redis.call('DEL', KE
 return 0
 """
 # SET NX PX, or the holder's time left: waiters wait by Redis's clock for the lock's end.
+# Success is a string, not 0: a holder's lock in its last millisecond has a PTTL of 0.
 _LOCK = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 'OK' end
 return redis.call('PTTL', KEYS[1])
 """
 _UNLOCK = """
@@ -438,11 +439,12 @@ class RedisTokenStore(TokenStore):
             0 when taken; else the seconds the holder's lock has left (Redis ``PTTL``).
         """
         milliseconds = min(max(int(ttl * 1000), 1), _MAX_TTL_MS)
-        left = int(await self._eval(_LOCK, [self._keys_of(identity).lock], [owner, milliseconds]))
-        if left == 0:
-            return 0.0
-        # -1: a lock without an end (not one of ours); -2: gone meanwhile, so try again soon.
-        return math.inf if left == -1 else max(left, 1) / 1000
+        answer = await self._eval(_LOCK, [self._keys_of(identity).lock], [owner, milliseconds])
+        if isinstance(answer, (bytes, str)):
+            return 0.0  # taken
+        # -1: a lock without an end (not one of ours); 0 (its last millisecond) and -2
+        # (gone meanwhile): held for a moment more, so try again soon.
+        return math.inf if answer == -1 else max(int(answer), 1) / 1000
 
     async def unlock(self, identity: TokenIdentity, owner: str) -> None:
         """Release the fetch lock if ``owner`` still holds it."""

@@ -169,3 +169,19 @@ async def query(transport: AIOHTTPTransport, times: int = 1) -> None:
     """``times`` COUNT queries at once in one session of ``transport``."""
     async with Client(transport=transport) as session:
         await asyncio.gather(*(session.execute(COUNT) for _ in range(times)))
+
+
+def fleet_config(emulator: Emulator, redis_url: str | None, **more: Any) -> dict[str, Any]:
+    """Settings of a tests/fleet_worker.py process for the emulator's recent client.
+
+    ``redis_url`` ``None``: the process keeps its token to itself (no store).
+    """
+    client = emulator.recent_client
+    return {
+        "graphql_url": emulator.graphql_url,
+        "token_url": emulator.token_url,
+        "client_id": client.client_id,
+        "client_secret": client.client_secret,
+        "redis_url": redis_url,
+        **more,
+    }

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from gql import Client
 from redis_server import RedisServer, command
-from support import COUNT, query, secrets_shown, with_store
+from support import COUNT, fleet_config, query, secrets_shown, with_store
 
 from gql_service_auth import (
     AuthEvent,
@@ -143,15 +143,7 @@ def transport(store, **kw):
 
 
 def child_env(emulator: Emulator, redis_url: str) -> dict[str, str]:
-    client = emulator.recent_client
-    cfg = {
-        "graphql_url": emulator.graphql_url,
-        "token_url": emulator.token_url,
-        "client_id": client.client_id,
-        "client_secret": client.client_secret,
-        "redis_url": redis_url,
-    }
-    return {"CFG": json.dumps(cfg)}
+    return {"CFG": json.dumps(fleet_config(emulator, redis_url))}
 
 
 def test_exit_with_an_open_store_is_silent(emulator: Emulator, redis_server: RedisServer) -> None:
