@@ -120,6 +120,13 @@ a slow or absent Redis costs a request at most this long.
 STORE_COOLDOWN: Final = 10.0
 """Seconds a shared token store is left alone after it failed or was slow."""
 
+STORE_LOCK_TTL: Final = 2.0
+"""Seconds a shared store's fetch lock lives unless its holder extends it.
+
+The holder extends it every third of that while its fetch runs, so a fetch may take as
+long as it must, and the processes waiting on a holder that died take over within this.
+"""
+
 STORE_POLL_MIN: Final = 0.02
 """Seconds: the shortest wait between two reads of a process waiting for another's fetch."""
 

@@ -65,6 +65,10 @@ class AuthEvent:
             had left.
         status: HTTP status of the failed answer, ``None`` when none came.
         error: RFC 6749 error code, or the exception's class name.
+        store: For ``token_store_failed``, which store failed: for Redis, its URL with no
+            user or password (``redis://host:6379/0``).
+        detail: For ``token_store_failed``, what failed, in words (``Connection refused``,
+            ``no answer within 0.25 s``).
     """
 
     name: EventName
@@ -76,6 +80,8 @@ class AuthEvent:
     expires_in: float | None = None
     status: int | None = None
     error: str | None = None
+    store: str | None = None
+    detail: str | None = None
 
 
 # Shown as gql_service_auth.AuthEvent, where users import it from (see _errors.py).
@@ -118,6 +124,8 @@ _MESSAGE_FIELDS: tuple[tuple[str, str], ...] = (
     ("reason", "%s"),
     ("expires_in", "%g"),
     ("duration", "%.3f"),
+    ("store", "%s"),
+    ("detail", "%s"),
 )
 
 

@@ -13,31 +13,49 @@ endpoint: no token yet, a token due for renewal, or a refused one. Then
 
 1. drops a refused token from the store, if it is still the stored one, so that the
    first process refused renews it and the others read the renewal;
-2. reads the store, and takes a stored token that is not itself due for renewal;
+2. reads the store, and takes a stored token that will do: any usable one for a process
+   with none; one not due for renewal itself for a renewal ahead of expiry; after a
+   refusal, only one requested after the refusal (a revocation covers every token
+   issued before it, a peer's newer one too);
 3. else takes the store's lock, reads once more, fetches from the token endpoint and
    writes the token (the store keeps the newer of two writes), then releases the lock;
+   the lock lives a couple of seconds and its holder extends it while it fetches, so
+   a holder that dies costs the others little;
 4. while another process holds the lock, polls the store with jitter until its token
-   lands, or the lock expires (its holder died) and this process takes it.
+   lands, or its holder gives up the lock: having failed (its waiters then fail with its
+   error rather than each asking again in turn), or having died (one waiter takes over).
 
-A store that fails or is slow never fails a request: each call is bounded by the store's
-``timeout``, and on any failure the process fetches the token itself and leaves the
-store alone for its ``cooldown``, with a ``token_store_failed`` event.
+All of it is bounded by the fetch's own deadline, store or not. A store that fails or
+is slow never fails a request: each call is bounded by the store's ``timeout``, and on
+any failure the process fetches the token itself, and every transport on that store
+leaves it alone for its ``cooldown``, after one ``token_store_failed`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+import hashlib
+import json
 import random
 import secrets
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from ._constants import EXPIRY_GUARD, STORE_POLL_MAX, STORE_POLL_MIN
+from ._constants import (
+    EXPIRY_GUARD,
+    MAX_SERVER_TEXT,
+    STORE_LOCK_TTL,
+    STORE_POLL_MAX,
+    STORE_POLL_MIN,
+)
+from ._errors import TokenRequestError
 from ._events import AuthEvent
+from ._redact import redact_text
 from ._tokens import TokenFetcher, TokenResponse
 
 _T = TypeVar("_T")
@@ -102,17 +120,22 @@ class StoredToken:
         access_token: The token; never shown by ``repr``.
         expires_in: Seconds it has left, by the store's clock when read (Redis ``PTTL``),
             so that the clocks of the hosts that share it do not matter.
-        lifetime: Seconds it was issued for, so every reader renews it at the same point.
+        lifetime: Seconds it was issued for, so every reader renews it at the same point;
+            with ``expires_in``, it tells when the token was requested.
+        replaces: For a token fetched because the API refused another, a fingerprint of
+            that one (no secret: a hash), so that the processes refused with it take this
+            one; ``None`` otherwise.
     """
 
     access_token: str
     expires_in: float
     lifetime: float
+    replaces: str | None = None
 
     def __repr__(self) -> str:
         return (
             f"StoredToken(access_token='***', expires_in={self.expires_in:.3f}, "
-            f"lifetime={self.lifetime:.3f})"
+            f"lifetime={self.lifetime:.3f}, replaces={self.replaces!r})"
         )
 
 
@@ -123,6 +146,9 @@ class TokenStore(Protocol):
     short-lived thread of its own: an implementation must not keep state bound to the
     calling loop. Any exception a method raises, and any call that outlasts ``timeout``,
     counts as the store being unavailable: the process then fetches its token itself.
+    Two attributes are optional: a store whose ``closed`` is true is skipped quietly, and
+    its ``location`` (a text with no secret, such as ``redis://host:6379/0``) names it in
+    ``token_store_failed`` events.
 
     Attributes:
         timeout: Seconds each call may take before the store counts as unavailable.
@@ -147,18 +173,33 @@ class TokenStore(Protocol):
         """Delete the stored token if it is ``access_token``; whether it was deleted."""
         ...
 
-    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> float:
-        """Take the lock of ``identity`` for ``owner`` and ``ttl`` seconds, if it is free.
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> str | None:
+        """Take the fetch lock of ``identity`` for ``owner`` and ``ttl`` seconds, if free.
+
+        A lock ``owner`` holds already is extended to ``ttl`` from now; a lock that is not
+        released or extended expires, and a lock found without an expiry is taken over.
 
         Returns:
-            0 when it was free and is now ``owner``'s; else the seconds the holder's lock
-            has left, by the store's clock (``math.inf`` for a lock that never expires).
-            A lock that is not released expires.
+            ``None`` when ``owner`` holds the lock now; else the owner value of its holder.
         """
         ...
 
-    async def unlock(self, identity: TokenIdentity, owner: str) -> None:
-        """Release the lock if ``owner`` still holds it."""
+    async def unlock(
+        self, identity: TokenIdentity, owner: str, failure: str | None = None
+    ) -> None:
+        """Release the lock if ``owner`` still holds it.
+
+        Args:
+            failure: Why ``owner``'s fetch failed, for the processes that waited on it
+                (:meth:`failure`); a short text, with no secret. ``None``: it did not fail.
+        """
+        ...
+
+    async def failure(self, identity: TokenIdentity, owner: str) -> str | None:
+        """The ``failure`` that ``owner`` released the lock with a moment ago, else ``None``.
+
+        Kept a few seconds at least: long enough for the waiters to read it.
+        """
         ...
 
 
@@ -167,12 +208,91 @@ for _public in (TokenIdentity, StoredToken, TokenStore):
     _public.__module__ = "gql_service_auth"
 
 
+def refusal_fingerprint(access_token: str) -> str:
+    """What a stored token records of the refused token it replaces: a hash, not the token."""
+    digest = hashlib.sha256(b"gql-service-auth refused token\0" + access_token.encode())
+    return digest.hexdigest()[:32]
+
+
 def _loaded(stored: StoredToken) -> TokenResponse:
     return TokenResponse(stored.access_token, stored.expires_in, lifetime=stored.lifetime)
 
 
 class StoreUnavailable(Exception):
-    """A store call failed or timed out (internal: the caller fetches for itself)."""
+    """A store call failed or timed out (internal: the caller fetches for itself).
+
+    Attributes:
+        error: The exception's class name.
+        detail: What failed, in words, with no secret.
+    """
+
+    def __init__(self, error: str, detail: str) -> None:
+        super().__init__(error)
+        self.error = error
+        self.detail = detail
+
+
+class _Health:
+    """Whether a store is resting after a failure: one per store, shared by its transports."""
+
+    __slots__ = ("rest_until",)
+
+    def __init__(self) -> None:
+        self.rest_until = 0.0  # time.monotonic(): the cool-down is in real time
+
+
+_healths: weakref.WeakKeyDictionary[object, _Health] = weakref.WeakKeyDictionary()
+_healths_lock = threading.Lock()
+
+
+def _health_of(store: TokenStore) -> _Health:
+    # 50 transports on one store learn of an outage once, not once each.
+    with _healths_lock:
+        try:
+            health = _healths.get(store)
+            if health is None:
+                health = _healths[store] = _Health()
+        except TypeError:  # a store that cannot be weakly referenced rests on its own
+            health = _Health()
+    return health
+
+
+def _describe(error: TokenRequestError) -> str:
+    """``error`` as a failure text for :meth:`TokenStore.unlock`: our own words only."""
+    return json.dumps(
+        {
+            "reason": error.reason,
+            "status": error.status,
+            "error": error.error,
+            "retryable": error.retryable,
+            "retry_after": error.retry_after,
+            "hint": error.hint,
+            "attempts": error.attempts,
+        }
+    )
+
+
+def _failure_error(text: str) -> TokenRequestError:
+    """The error of the process whose fetch this process waited on, from its text."""
+    try:
+        fields = json.loads(text)
+        status, code = fields.get("status"), fields.get("error")
+        error = TokenRequestError(
+            f"{fields['reason']} (in another process sharing the token store, whose token "
+            "request this process waited on)",
+            status=status if isinstance(status, int) else None,
+            error=code if isinstance(code, str) else None,
+            retryable=fields.get("retryable") is True,
+            retry_after=fields.get("retry_after"),
+            hint=fields.get("hint"),
+        )
+        error.attempts = int(fields.get("attempts") or 1)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        error = TokenRequestError(
+            "the token request of another process sharing the token store failed",
+            retryable=True,
+        )
+    return error
 
 
 class SharedLevel:
@@ -182,10 +302,9 @@ class SharedLevel:
         store: The shared store.
         identity: Whose token this process needs.
         refresh_margin: As the token manager's: a stored token with no more than
-            ``min(refresh_margin, lifetime / 2)`` left is due for renewal, not taken.
+            ``min(refresh_margin, lifetime / 2)`` left is due for renewal, and a renewal
+            ahead of expiry does not take it.
         default_expires_in: The lifetime stored for a token the server gave none.
-        lock_ttl: Seconds the lock is taken for: the longest a fetch may take, so that a
-            holder that dies costs the others at most this long.
         emit: Receives ``token_store_failed`` events.
     """
 
@@ -196,68 +315,117 @@ class SharedLevel:
         *,
         refresh_margin: float,
         default_expires_in: float,
-        lock_ttl: float,
         emit: Callable[[AuthEvent], None],
     ) -> None:
         self._store = store
         self._identity = identity
         self._refresh_margin = refresh_margin
         self._default_expires_in = default_expires_in
-        self.lock_ttl = lock_ttl
         self._emit = emit
-        self._skip_until = 0.0  # time.monotonic(): the store's cool-down is in real time
+        self._health = _health_of(store)
+        #: Seconds the fetch lock lives unless its holder extends it (see STORE_LOCK_TTL).
+        self.lock_ttl = STORE_LOCK_TTL
 
     def __repr__(self) -> str:
         return f"<SharedLevel store={type(self._store).__name__}>"
 
-    @property
-    def budget(self) -> float:
-        """The longest a fetch through the store may take, besides the fetch itself."""
-        # Waiting out a dead holder's lock, then the lock of the waiter that took over
-        # from it, and a few calls of the store around them.
-        return 2 * self.lock_ttl + 6 * self._store.timeout
+    def _closed(self) -> bool:
+        return bool(getattr(self._store, "closed", False))
 
-    def _takes(self, stored: StoredToken | None, avoid: tuple[str | None, ...]) -> bool:
-        """Whether a stored token may be used as it is, rather than renewed."""
-        if stored is None or stored.access_token in avoid:
+    def _takes(
+        self,
+        stored: StoredToken | None,
+        read_at: float,
+        *,
+        refused: str | None,
+        refused_at: float | None,
+        renewing: str | None,
+    ) -> bool:
+        """Whether a stored token, read at ``read_at``, may be used rather than fetched."""
+        if stored is None or stored.access_token in (refused, renewing):
             return False
         lifetime = stored.lifetime
-        # Due for renewal by the manager's rule (see TokenManager._new_token); and, with
-        # refresh_margin 0, not within two guards of expiry, so that a token taken is
-        # still usable for a while rather than for the moment it takes to be sent.
-        due = max(min(self._refresh_margin, lifetime / 2), 2 * min(EXPIRY_GUARD, lifetime / 10))
-        return stored.expires_in > due
+        # Usable for a while, not for the moment it takes to be sent: two guards.
+        least = 2 * min(EXPIRY_GUARD, lifetime / 10)
+        if renewing is not None:
+            # A renewal ahead of expiry wants a token not due for renewal itself (by the
+            # manager's rule, see TokenManager._new_token); a process with no usable
+            # token takes any usable one, and renews it in the background as usual.
+            least = max(least, min(self._refresh_margin, lifetime / 2))
+        if stored.expires_in <= least:
+            return False
+        if refused is not None:
+            # After a refusal, a token that replaced that very token (the fleet's shared
+            # token, revoked: one renewal serves every process), or one requested after
+            # the refusal. Not any other: the revocation that refused ours may have
+            # covered a peer's newer token too (renewed ahead of expiry, say). When it was
+            # requested follows from its lifetime and time left, on the store's clock.
+            if stored.replaces == refusal_fingerprint(refused):
+                return True
+            return refused_at is not None and read_at - (lifetime - stored.expires_in) > refused_at
+        return True
 
     async def _call(self, call: Awaitable[_T]) -> _T:
         try:
             return await asyncio.wait_for(call, self._store.timeout)
-        except (Exception, asyncio.TimeoutError) as exc:
-            raise StoreUnavailable(type(exc).__name__) from None
+        except asyncio.TimeoutError:
+            raise StoreUnavailable(
+                "TimeoutError", f"no answer within {self._store.timeout:g} s"
+            ) from None
+        except Exception as exc:
+            detail = redact_text(str(exc)[:MAX_SERVER_TEXT], [self._identity.client_secret])
+            raise StoreUnavailable(type(exc).__name__, str(detail)) from None
 
     def _failed(self, error: StoreUnavailable) -> None:
+        health, now = self._health, time.monotonic()
+        if self._closed() or now < health.rest_until:
+            return  # closed on purpose, or another transport on this store said so already
         cooldown = self._store.cooldown
-        self._skip_until = time.monotonic() + cooldown
-        self._emit(AuthEvent("token_store_failed", error=str(error), wait=cooldown))
+        health.rest_until = now + cooldown
+        self._emit(
+            AuthEvent(
+                "token_store_failed",
+                error=error.error,
+                wait=cooldown,
+                store=str(getattr(self._store, "location", None) or type(self._store).__name__),
+                detail=error.detail,
+            )
+        )
 
     async def obtain(
-        self, fetch: TokenFetcher, refused: str | None, held: str | None = None
+        self,
+        fetch: TokenFetcher,
+        *,
+        refused: str | None = None,
+        refused_at: float | None = None,
+        renewing: str | None = None,
     ) -> tuple[TokenResponse, bool]:
         """A token through the store, or from ``fetch`` when the store cannot help.
 
         Args:
             fetch: Asks the token endpoint.
             refused: The value of a token the API refused, else ``None``.
-            held: The value of the token the process is renewing, else ``None``: the
-                store's copy of it is not taken back, even if not quite due by the
-                store's clock.
+            refused_at: When (``time.monotonic()``) it was refused: only a token
+                requested after that is taken from the store.
+            renewing: The value of the token renewed ahead of expiry, else ``None``: only
+                a stored token not due for renewal is taken.
 
         Returns:
             The token, and whether it was read from the store.
+
+        Raises:
+            TokenRequestError: ``fetch`` failed, or the fetch of the process whose lock
+                this one waited on failed.
         """
         # A store closed on purpose is gone, not failing: no warning, no cool-down.
-        if time.monotonic() < self._skip_until or getattr(self._store, "closed", False):
+        if time.monotonic() < self._health.rest_until or self._closed():
             return await fetch(), False
-        avoid = (refused, held)
+
+        def takes(stored: StoredToken | None, read_at: float) -> bool:
+            return self._takes(
+                stored, read_at, refused=refused, refused_at=refused_at, renewing=renewing
+            )
+
         identity, store = self._identity, self._store
         # Chosen here, not by the store: a lock call that timed out may still have taken
         # the lock, and only its owner value can release it.
@@ -267,41 +435,37 @@ class SharedLevel:
             try:
                 if refused is not None:
                     await self._call(store.discard(identity, refused))
-                stored = await self._call(store.load(identity))
-                if self._takes(stored, avoid):
-                    assert stored is not None
-                    return _loaded(stored), True
-                # A lock that never expires (not one of ours) is waited out this long.
-                deadline = time.monotonic() + self.lock_ttl
+                found = await self._read(takes)
+                if found is not None:
+                    return found, True
+                waited_on: list[str] = []  # holders whose fetch this process waited for
                 while True:
                     locked = True
-                    left = await self._call(store.lock(identity, owner, self.lock_ttl))
-                    if not left:
-                        # A holder may have written between the read and the lock.
-                        stored = await self._call(store.load(identity))
-                        if self._takes(stored, avoid):
-                            assert stored is not None
-                            return _loaded(stored), True
+                    holder = await self._call(store.lock(identity, owner, self.lock_ttl))
+                    if holder is None:
                         break
                     locked = False
-                    if left != math.inf:
-                        # Until the holder's lock expires, by the store's clock: a holder
-                        # that died is taken over by one waiter, whose lock the others
-                        # then wait for in turn, rather than all fetching at once.
-                        deadline = time.monotonic() + left + 2 * STORE_POLL_MAX
-                    if time.monotonic() >= deadline:
-                        break  # a lock without an end: fetch unlocked
-                    # Jittered, so waiters that began together do not poll together.
+                    await self._learn_failure(waited_on, holder)
+                    if holder not in waited_on:
+                        waited_on.append(holder)
+                    # Jittered, so waiters that began together do not poll together. The
+                    # wait is bounded by the fetch's own deadline (TokenManager._fly).
                     await asyncio.sleep(random.uniform(STORE_POLL_MIN, STORE_POLL_MAX))
-                    stored = await self._call(store.load(identity))
-                    if self._takes(stored, avoid):
-                        assert stored is not None
-                        return _loaded(stored), True
+                    found = await self._read(takes)
+                    if found is not None:
+                        return found, True
+                # Ours now. Whoever held it before either failed, and this process
+                # learns why rather than trying again at once, or wrote a token that
+                # landed between the read and the lock.
+                await self._learn_failure(waited_on, None)
+                found = await self._read(takes)
+                if found is not None:
+                    return found, True
             except StoreUnavailable as error:
                 self._failed(error)
                 if locked:
-                    # Alongside the fetch, not before it: Redis may be the slow part. A
-                    # release that fails leaves the lock to expire within lock_ttl.
+                    # Alongside the fetch, not before it: the store may be the slow part.
+                    # A release that fails leaves the lock to expire within lock_ttl.
                     locked = False
                     releasing = asyncio.ensure_future(self._release(owner))
                     try:
@@ -310,24 +474,76 @@ class SharedLevel:
                         await releasing
                 return await fetch(), False
             started = time.monotonic()
-            response = await fetch()
-            lifetime = response.expires_in
-            if lifetime is None or lifetime <= 0:
-                lifetime = self._default_expires_in  # as the token manager does
-            left = lifetime - (time.monotonic() - started)
-            if left > 0:
-                token = StoredToken(response.access_token, left, lifetime)
-                try:
-                    await self._call(store.save(identity, token))
-                except StoreUnavailable as error:
-                    self._failed(error)
-                del token
+            try:
+                response = await self._fetch_holding(fetch, owner)
+            except TokenRequestError as failed:
+                locked = False
+                await self._release(owner, _describe(failed))
+                raise
+            await self._save(response, started, refused)
             return response, False
         finally:
             if locked:
                 await self._release(owner)
 
-    async def _release(self, owner: str) -> None:
+    async def _read(
+        self, takes: Callable[[StoredToken | None, float], bool]
+    ) -> TokenResponse | None:
+        read_at = time.monotonic()
+        stored = await self._call(self._store.load(self._identity))
+        if stored is not None and takes(stored, read_at):
+            return _loaded(stored)
+        return None
+
+    async def _learn_failure(self, waited_on: list[str], holder: str | None) -> None:
+        """Raise the error of a holder this process waited on that gave up its lock failing."""
+        for each in [h for h in waited_on if h != holder]:
+            waited_on.remove(each)
+            failure = await self._call(self._store.failure(self._identity, each))
+            if failure is not None:
+                raise _failure_error(failure)
+
+    async def _fetch_holding(self, fetch: TokenFetcher, owner: str) -> TokenResponse:
+        """``fetch()``, extending the lock meanwhile, so a holder that dies costs little.
+
+        The lock lives ``lock_ttl`` (a couple of seconds), not as long as a fetch may take:
+        the waiters of a holder killed mid-fetch take over within that, and still have
+        time to fetch before their own deadline.
+        """
+        keeper = asyncio.ensure_future(self._keep_locked(owner))
+        try:
+            return await fetch()
+        finally:
+            keeper.cancel()
+            await asyncio.wait({keeper})
+
+    async def _keep_locked(self, owner: str) -> None:
+        while True:
+            await asyncio.sleep(self.lock_ttl / 3)
+            try:
+                holder = await self._call(self._store.lock(self._identity, owner, self.lock_ttl))
+            except StoreUnavailable:
+                return  # the lock lapses: at worst another process fetches too
+            if holder is not None:
+                return  # lost it (it lapsed meanwhile): the fetch goes on all the same
+
+    async def _save(self, response: TokenResponse, started: float, refused: str | None) -> None:
+        lifetime = response.expires_in
+        if lifetime is None or lifetime <= 0:
+            lifetime = self._default_expires_in  # as the token manager does
+        # Stored with the time left since the request was sent: readers tell from the
+        # lifetime and time left when it was requested (see _takes).
+        left = lifetime - (time.monotonic() - started)
+        if left > 0:
+            replaces = refusal_fingerprint(refused) if refused is not None else None
+            token = StoredToken(response.access_token, left, lifetime, replaces)
+            try:
+                await self._call(self._store.save(self._identity, token))
+            except StoreUnavailable as error:
+                self._failed(error)
+            del token
+
+    async def _release(self, owner: str, failure: str | None = None) -> None:
         # On failure, the lock expires by itself, within lock_ttl.
         with contextlib.suppress(StoreUnavailable):
-            await self._call(self._store.unlock(self._identity, owner))
+            await self._call(self._store.unlock(self._identity, owner, failure))

@@ -277,8 +277,10 @@ class TokenManager:
         self._renewal_failures = 0
         self._next_renewal = 0.0
         #: The token the API refused last, until a new one lands: a shared store drops
-        #: it, if it still holds it, rather than hand it back.
+        #: it, if it still holds it, rather than hand it back; and when (time.monotonic(),
+        #: the store's time scale): the store hands back only a token requested later.
         self._refused: AccessToken | None = None
+        self._refused_at = 0.0
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
@@ -415,16 +417,40 @@ class TokenManager:
                 flight = self._take_off(token)
                 assert flight is not None  # a foreground flight always takes off
         try:
-            if flight.private:
-                await self._fly(flight)
-                return flight.future.result()
-            return await self._wait(flight)
+            token = await self._outcome(flight)
         except TokenRequestError:
             fallback = self._fallback(after) if min_ttl else None
             if fallback is None:
                 raise
-        # Outside the except block: the fetch's error is no context of a success.
+            # Outside the except block: the fetch's error is no context of a success.
+            return fallback
+        if min_ttl and not self._usable(token, min_ttl) and self._clock() >= token.renew_at:
+            # Read from a shared store, due for renewal already: a caller that needs more
+            # lifetime waits for its renewal (or gets it back, if that fails). Once.
+            return await self._renewed(token, min_ttl, after)
+        return token
+
+    async def _renewed(self, token: AccessToken, min_ttl: float, after: int) -> AccessToken:
+        with self._lock:
+            flight = self._flight
+            if flight is None:
+                if self._token is not token or self._clock() < self._next_renewal:
+                    return self._fallback(after) or token
+                flight = self._take_off(token)
+                assert flight is not None
+        try:
+            return await self._outcome(flight)
+        except TokenRequestError:
+            fallback = self._fallback(after)
+            if fallback is None:
+                raise
         return fallback
+
+    async def _outcome(self, flight: _Flight) -> AccessToken:
+        if flight.private:
+            await self._fly(flight)
+            return flight.future.result()
+        return await self._wait(flight)
 
     def _fallback(self, after: int) -> AccessToken | None:
         """The token in hand, if still usable and newer than ``after``, else ``None``."""
@@ -463,7 +489,7 @@ class TokenManager:
             dropped = self._token is token
             if dropped:
                 self._token = None
-                self._refused = token
+                self._refused, self._refused_at = token, time.monotonic()
                 self._rejected = True
                 self._renew_for_refusal_while_running = True
         if dropped:
@@ -484,7 +510,7 @@ class TokenManager:
             if self._token is not token:
                 return False
             self._token = None
-            self._refused = token
+            self._refused, self._refused_at = token, time.monotonic()
             self._rejected = True
             if token.generation > self.confirmed:
                 self._fresh_refusals += 1
@@ -566,19 +592,27 @@ class TokenManager:
         """Fetch once, bounded in time, and publish the outcome whatever happens."""
         began = time.monotonic()
         from_store = False
-        limit = self._fetch_timeout + (self._shared.budget if self._shared is not None else 0.0)
+        # The same deadline with a shared store or without: waiting for another process's
+        # fetch counts as fetching.
+        limit = self._fetch_timeout
         try:
             started = self._clock()
             if self._shared is None:
                 response = await asyncio.wait_for(self._fetch(), limit)
             else:
-                refused = self._refused.value if self._refused is not None else None
-                # The token being renewed, if any: its copy in the store will not do.
-                held = self._token.value if self._token is not None else None
+                refused = self._refused
+                # A renewal ahead of expiry: a stored token due for renewal will not do.
+                renewing = self._token if flight.reason == "expiring" else None
                 response, from_store = await asyncio.wait_for(
-                    self._shared.obtain(self._fetch, refused, held), limit
+                    self._shared.obtain(
+                        self._fetch,
+                        refused=refused.value if refused is not None else None,
+                        refused_at=self._refused_at if refused is not None else None,
+                        renewing=renewing.value if renewing is not None else None,
+                    ),
+                    limit,
                 )
-                del refused, held
+                del refused, renewing
         except BaseException as exc:
             # The fetch's frames are done: their locals (the grant's form, aiohttp's
             # headers) go, since crash reporters read the locals of tracebacks.

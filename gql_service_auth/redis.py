@@ -45,11 +45,11 @@ import concurrent.futures
 import hashlib
 import hmac
 import json
-import math
 import os
 import threading
+import urllib.parse
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from . import _fork
@@ -67,6 +67,13 @@ _Scripts = dict[str, Any]
 
 _MAX_TTL_MS = 366 * 24 * 3600 * 1000
 """The longest a token is kept, whatever its ``expires_in``: a year (and a valid PEXPIRE)."""
+
+_FAILURE_TTL_MS = 5000
+"""How long a failed fetch's reason is kept for its waiters, who poll every 80 ms at most."""
+
+_MAX_CALLS = 32
+"""Store calls under way at once, at most: the others queue, rather than overflow the
+client's connection pool (redis-py raises at 100), which would pass for an outage."""
 
 # Salt and labels of the HKDF derivations (RFC 5869): a change of scheme changes them.
 _SALT = b"gql-service-auth token store v1"
@@ -86,27 +93,41 @@ local stored = tonumber(redis.call('HGET', KEYS[1], 'exp') or '0')
 if stored >= expires and redis.call('PTTL', KEYS[1]) > 0 then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'fp', ARGV[2], 'exp', expires, 'life', ARGV[4])
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'r', ARGV[5]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
 _LOAD = """
-local v = redis.call('HMGET', KEYS[1], 'v', 'life')
-return {v[1], v[2], redis.call('PTTL', KEYS[1])}
+local v = redis.call('HMGET', KEYS[1], 'v', 'life', 'r')
+return {v[1], v[2], redis.call('PTTL', KEYS[1]), v[3]}
 """
 # Compare-and-delete, for a refused token and for the lock: only its owner's value goes.
 _DISCARD = """
 if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-# SET NX PX, or the holder's time left: waiters wait by Redis's clock for the lock's end.
-# Success is a string, not 0: a holder's lock in its last millisecond has a PTTL of 0.
+# Take the lock if it is free, extend it if it is the caller's, and take over one without a
+# time to live (a restore or PERSIST dropped it: none of ours is without one); else answer
+# the holder's owner value, which its waiters look up in the failure key once it is gone.
 _LOCK = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 'OK' end
-return redis.call('PTTL', KEYS[1])
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] or redis.call('PTTL', KEYS[1]) == -1 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return false
+end
+return holder
 """
+# Release (compare-and-delete), and publish why the fetch failed, for its waiters, whether or
+# not the lock lapsed meanwhile.
 _UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[2], ARGV[1] .. ':' .. ARGV[2], 'PX', ARGV[3])
+end
 return 0
+"""
+_GET = """
+return redis.call('GET', KEYS[1])
 """
 
 # Clients a forked child inherited: their sockets are the parent's, registered in an epoll
@@ -129,7 +150,7 @@ class _Hidden:
 class _Keys:
     """The names and keys of one identity; never shown."""
 
-    __slots__ = ("aad", "fingerprint_key", "lock", "token", "value_key")
+    __slots__ = ("aad", "failed", "fingerprint_key", "lock", "token", "value_key")
 
     def __init__(self, identity: TokenIdentity, material: bytes, prefix: str) -> None:
         canonical = json.dumps(
@@ -146,6 +167,7 @@ class _Keys:
         tag = hmac.new(name_key, canonical, hashlib.sha256).hexdigest()[:32]
         self.token = f"{prefix}:{{{tag}}}:token"
         self.lock = f"{prefix}:{{{tag}}}:lock"
+        self.failed = f"{prefix}:{{{tag}}}:failed"
         self.aad = self.token.encode()
         self.fingerprint_key = name_key
         self.value_key = AESGCM(_hkdf(material, _VALUE_INFO + b"\0" + canonical))
@@ -157,15 +179,15 @@ class _Keys:
         mac = hmac.new(self.fingerprint_key, b"fingerprint\0" + access_token.encode(), "sha256")
         return mac.hexdigest()[:32]
 
-    def seal(self, access_token: str) -> str:
+    def seal(self, text: str, aad: bytes | None = None) -> str:
         nonce = os.urandom(12)
-        sealed = self.value_key.encrypt(nonce, access_token.encode(), self.aad)
+        sealed = self.value_key.encrypt(nonce, text.encode(), aad or self.aad)
         return base64.b64encode(nonce + sealed).decode("ascii")
 
-    def open(self, value: bytes | str) -> str | None:
+    def open(self, value: bytes | str, aad: bytes | None = None) -> str | None:
         try:
             raw = base64.b64decode(value, validate=True)
-            return self.value_key.decrypt(raw[:12], raw[12:], self.aad).decode()
+            return self.value_key.decrypt(raw[:12], raw[12:], aad or self.aad).decode()
         except (InvalidTag, ValueError):
             # Another key (store_key differs between processes) or a damaged value: as
             # good as absent; this process fetches and its newer token replaces it.
@@ -221,7 +243,7 @@ class RedisTokenStore(TokenStore):
                 "client must be a redis.asyncio.Redis or RedisCluster, not "
                 f"{type(client).__name__}; for a URL use RedisTokenStore.from_url"
             )
-        self._init(lambda: client, store_key, timeout, cooldown, prefix)
+        self._init(lambda: client, store_key, timeout, cooldown, prefix, _client_location(client))
         self._given: _Hidden | None = _Hidden(client)
         self._recipe: _Hidden | None = None
 
@@ -267,7 +289,7 @@ class RedisTokenStore(TokenStore):
             return aioredis.Redis.from_url(url, **options.value)
 
         store = cls.__new__(cls)
-        store._init(connect, store_key, timeout, cooldown, prefix)
+        store._init(connect, store_key, timeout, cooldown, prefix, _url_location(url))
         store._given = None
         store._recipe = _Hidden((hidden.value, store_key, timeout, cooldown, prefix))
         return store
@@ -279,6 +301,7 @@ class RedisTokenStore(TokenStore):
         timeout: float,
         cooldown: float,
         prefix: str,
+        location: str,
     ) -> None:
         if isinstance(store_key, str):
             store_key = store_key.encode()
@@ -294,20 +317,20 @@ class RedisTokenStore(TokenStore):
         self._timeout = float(timeout)
         self._cooldown = float(cooldown)
         self._prefix = prefix
+        self._location = location
         self._keys: dict[TokenIdentity, _Keys] = {}
         self._closed = False
         self._start()
         _fork.reset_in_child(self)
 
     def _start(self) -> None:
-        self._lock = threading.Lock()
         self._running = _Running()
         # Closes the client and stops the thread when the store is collected, or at exit:
         # a store dropped without close() leaves no open socket behind.
         self._finalizer = weakref.finalize(self, self._running.shut)
 
     def __repr__(self) -> str:
-        return f"<RedisTokenStore prefix={self._prefix!r}>"
+        return f"<RedisTokenStore {self._location} prefix={self._prefix!r}>"
 
     # A copy of a transport shares its store, as it would share a connection pool; a
     # pickled one gets a store of the same URL in the process that unpickles it.
@@ -328,8 +351,13 @@ class RedisTokenStore(TokenStore):
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called: transports then fetch for themselves, quietly."""
-        return self._closed
+        """Whether the store was closed: transports then fetch for themselves, quietly."""
+        return self._closed or self._running.closing
+
+    @property
+    def location(self) -> str:
+        """Which Redis: its URL with no user, password or options (``redis://host:6379/0``)."""
+        return self._location
 
     @property
     def timeout(self) -> float:
@@ -343,45 +371,30 @@ class RedisTokenStore(TokenStore):
 
     # The store's own thread and loop, on which the client lives.
 
-    def _own_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the token store is closed")
-            running = self._running
-            if running.loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=_serve, args=(loop,), name="gql-service-auth-redis", daemon=True
-                )
-                thread.start()
-                running.loop, running.thread = loop, thread
-            return running.loop
-
     async def _on_own_loop(self, work: Callable[[_Client, _Scripts], Awaitable[_T]]) -> _T:
         """Run ``work(client, scripts)`` on the store's loop; cancelling the caller cancels it.
 
         Nothing run there refers to the store, so the store is never collected (and its
         finalizer never run) on its own thread.
         """
-        loop = self._own_loop()
         running, connect = self._running, self._connect
 
         async def run() -> _T:
             try:
-                if running.closing:
-                    raise RuntimeError("the token store is closed")
                 if running.client is None:
                     running.client = connect()
-                return await work(running.client, running.scripts)
+                    running.calls = asyncio.Semaphore(_call_limit(running.client))
+                assert running.calls is not None
+                async with running.calls:
+                    return await work(running.client, running.scripts)
             except asyncio.CancelledError:
                 if running.closing:
                     # Cancelled by close(), not by the caller: to the caller an error of
                     # the store like any other, so that it fetches its token itself.
-                    raise RuntimeError("the token store was closed") from None
+                    raise _Closed("the token store was closed") from None
                 raise
 
-        future = asyncio.run_coroutine_threadsafe(run(), loop)
-        return await asyncio.wrap_future(future)
+        return await asyncio.wrap_future(running.submit(run()))
 
     async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
         """Run a Lua script (EVALSHA, loading it on first use) on the keys of one identity."""
@@ -406,13 +419,15 @@ class RedisTokenStore(TokenStore):
     async def load(self, identity: TokenIdentity) -> StoredToken | None:
         """The stored token of ``identity``, with its time left by Redis's clock."""
         keys = self._keys_of(identity)
-        value, lifetime, ttl = await self._eval(_LOAD, [keys.token], [])
+        value, lifetime, ttl, replaces = await self._eval(_LOAD, [keys.token], [])
         if value is None or lifetime is None or int(ttl) <= 0:
             return None
         access_token = keys.open(_text(value))
         if access_token is None:
             return None
-        return StoredToken(access_token, int(ttl) / 1000, int(lifetime) / 1000)
+        if replaces is not None:
+            replaces = keys.open(_text(replaces), keys.aad + b":replaces")
+        return StoredToken(access_token, int(ttl) / 1000, int(lifetime) / 1000, replaces)
 
     async def save(self, identity: TokenIdentity, token: StoredToken) -> bool:
         """Store ``token`` unless the stored one expires later (by Redis's clock)."""
@@ -424,6 +439,7 @@ class RedisTokenStore(TokenStore):
             keys.fingerprint(token.access_token),
             ttl,
             min(int(token.lifetime * 1000), _MAX_TTL_MS),
+            keys.seal(token.replaces, keys.aad + b":replaces") if token.replaces else "",
         ]
         return bool(await self._eval(_SAVE, [keys.token], args))
 
@@ -432,35 +448,49 @@ class RedisTokenStore(TokenStore):
         keys = self._keys_of(identity)
         return bool(await self._eval(_DISCARD, [keys.token], [keys.fingerprint(access_token)]))
 
-    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> float:
-        """Take the fetch lock for ``owner`` and ``ttl`` seconds (``SET NX PX``), if free.
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> str | None:
+        """Take (or, for its owner, extend) the fetch lock for ``ttl`` seconds.
 
         Returns:
-            0 when taken; else the seconds the holder's lock has left (Redis ``PTTL``).
+            ``None`` when ``owner`` holds it now; else the holder's owner value.
         """
         milliseconds = min(max(int(ttl * 1000), 1), _MAX_TTL_MS)
         answer = await self._eval(_LOCK, [self._keys_of(identity).lock], [owner, milliseconds])
-        if isinstance(answer, (bytes, str)):
-            return 0.0  # taken
-        # -1: a lock without an end (not one of ours); 0 (its last millisecond) and -2
-        # (gone meanwhile): held for a moment more, so try again soon.
-        return math.inf if answer == -1 else max(int(answer), 1) / 1000
+        return None if answer is None else _text(answer)
 
-    async def unlock(self, identity: TokenIdentity, owner: str) -> None:
-        """Release the fetch lock if ``owner`` still holds it."""
-        await self._eval(_UNLOCK, [self._keys_of(identity).lock], [owner])
+    async def unlock(
+        self, identity: TokenIdentity, owner: str, failure: str | None = None
+    ) -> None:
+        """Release the fetch lock if ``owner`` still holds it; publish ``failure``, if any.
+
+        The failure is kept, encrypted as tokens are, for a few seconds.
+        """
+        keys = self._keys_of(identity)
+        sealed = keys.seal(failure, keys.failed.encode()) if failure is not None else ""
+        await self._eval(_UNLOCK, [keys.lock, keys.failed], [owner, sealed, _FAILURE_TTL_MS])
+
+    async def failure(self, identity: TokenIdentity, owner: str) -> str | None:
+        """Why ``owner``'s fetch failed, if it released the lock so a moment ago."""
+        keys = self._keys_of(identity)
+        value = await self._eval(_GET, [keys.failed], [])
+        if value is None:
+            return None
+        holder, _, sealed = _text(value).partition(":")
+        return keys.open(sealed, keys.failed.encode()) if holder == owner else None
 
     # Life cycle.
 
     def close(self) -> None:
         """Close the Redis client and stop the store's thread; the store is then unusable.
 
+        A store shared by :meth:`OAuth2Transport.from_env` is closed for all its
+        transports; the next ``from_env()`` opens another.
+
         Transports that still use it fetch their tokens themselves. Thread-safe, and
         bounded: it waits at most about a second. A store that is collected, or still
         open at exit, is closed the same way.
         """
-        with self._lock:
-            self._closed = True
+        self._closed = True
         self._finalizer()
 
     async def aclose(self) -> None:
@@ -490,6 +520,10 @@ class RedisTokenStore(TokenStore):
             self._connect = lambda: _fresh_copy(given)
 
 
+class _Closed(RuntimeError):
+    """A call on a store that is closing or closed: the caller fetches for itself, quietly."""
+
+
 class _Running:
     """What a store runs on: its thread, the thread's loop, and the client on that loop."""
 
@@ -497,16 +531,37 @@ class _Running:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
         self.client: _Client | None = None
+        self.calls: asyncio.Semaphore | None = None
         self.scripts: _Scripts = {}
         self.closing = False
+        # Orders submit() and shut(): a call is either submitted before shut() begins,
+        # and so ends (in an error) before the loop stops, or refused; never cancelled
+        # before it starts, by a loop stopping under it.
+        self.guard = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<running loop={self.loop is not None}>"
 
+    def submit(self, call: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Run ``call`` on the store's loop, started on first use."""
+        with self.guard:
+            if self.closing:
+                call.close()
+                raise _Closed("the token store is closed")
+            if self.loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=_serve, args=(loop,), name="gql-service-auth-redis", daemon=True
+                )
+                thread.start()
+                self.loop, self.thread = loop, thread
+            return asyncio.run_coroutine_threadsafe(call, self.loop)
+
     def shut(self) -> None:
-        self.closing = True  # from now on, calls fail at once and the client stays closed
-        loop, thread = self.loop, self.thread
-        self.loop = self.thread = None
+        with self.guard:
+            self.closing = True  # from now on, calls fail at once and the client stays closed
+            loop, thread = self.loop, self.thread
+            self.loop = self.thread = None
         if loop is None or thread is None:
             return
 
@@ -553,6 +608,49 @@ def _restore(
         prefix=prefix,
         **client_kwargs,
     )
+
+
+def _url_location(url: str) -> str:
+    """``url`` without user, password, query or fragment: safe to show."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def _client_location(client: _Client) -> str:
+    if isinstance(client, RedisCluster):
+        nodes = client.get_nodes() or getattr(client.nodes_manager, "startup_nodes", {}).values()
+        return "redis-cluster://" + ",".join(sorted(f"{n.host}:{n.port}" for n in nodes))
+    kwargs = client.connection_pool.connection_kwargs
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}"
+    host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+    return f"redis://{host}:{port}/{kwargs.get('db', 0)}"
+
+
+def _call_limit(client: _Client) -> int:
+    if isinstance(client, aioredis.Redis):
+        pool_size = getattr(client.connection_pool, "max_connections", None)
+        if isinstance(pool_size, int) and pool_size > 0:
+            return min(pool_size, _MAX_CALLS)
+    return _MAX_CALLS
+
+
+_SHARED: dict[str, RedisTokenStore] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_store(url: str) -> RedisTokenStore:
+    """The process's one store for ``url``, opened on first use (``from_env()``'s).
+
+    Transports built one per job share it, rather than each opening a connection and a
+    thread. One that was closed is replaced. A forked child keeps it: the store resets
+    itself there. Closed at exit, as every store is.
+    """
+    with _SHARED_LOCK:
+        store = _SHARED.get(url)
+        if store is None or store.closed:
+            store = _SHARED[url] = RedisTokenStore.from_url(url)
+        return store
 
 
 def _fresh_copy(client: _Client) -> _Client:

@@ -868,8 +868,6 @@ class OAuth2Transport(_AuthenticatingTransport):
                 identity,
                 refresh_margin=float(refresh_margin),
                 default_expires_in=float(default_expires_in),
-                # The longest a fetch may take: a holder that dies costs no more.
-                lock_ttl=self._policy.timeout + FETCH_GRACE,
                 emit=self._emit,
             )
             del identity
@@ -922,9 +920,10 @@ class OAuth2Transport(_AuthenticatingTransport):
         store_url = environ.get(ENV_TOKEN_STORE_URL, "").strip()
         if "token_store" not in kwargs and store_url:
             # Imported only here: the extra's module is the one place that needs redis.
-            from .redis import RedisTokenStore
+            from .redis import shared_store
 
-            kwargs["token_store"] = RedisTokenStore.from_url(store_url)
+            # One per URL per process: a transport per job must not open a store per job.
+            kwargs["token_store"] = shared_store(store_url)
         del store_url
         return cls(
             url if url is not None else env_url(environ, ENV_BASE_URL, GRAPHQL_PATH),

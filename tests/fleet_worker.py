@@ -58,7 +58,9 @@ async def main() -> None:
         on_event=count,
     )
     loop = asyncio.get_running_loop()
-    async with Client(transport=transport, execute_timeout=30) as session:
+    async with Client(
+        transport=transport, execute_timeout=config.get("execute_timeout", 30)
+    ) as session:
         print("ready", flush=True)
         while await loop.run_in_executor(None, sys.stdin.readline):
             latencies: list[float] = []

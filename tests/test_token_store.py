@@ -215,17 +215,18 @@ async def test_a_refused_token_is_deleted_only_while_it_is_the_stored_one(
 
 
 async def test_only_the_lock_owner_releases_it(store: RedisTokenStore) -> None:
-    """The lock is SET NX PX with an owner value, released by compare-and-delete.
+    """The lock is taken with an owner value, released by compare-and-delete.
 
-    A waiter learns the holder's time left, by Redis's clock.
+    A waiter learns who holds it; the holder extends it by taking it again.
     """
     identity = TokenIdentity("https://auth.test/token", "id", "secret-value-123")
-    assert await store.lock(identity, "owner-1", 5.0) == 0
-    assert 4.0 < await store.lock(identity, "owner-2", 5.0) <= 5.0  # the holder's time left
+    assert await store.lock(identity, "owner-1", 5.0) is None
+    assert await store.lock(identity, "owner-2", 5.0) == "owner-1"
     await store.unlock(identity, "owner-2")
-    assert await store.lock(identity, "owner-2", 5.0) > 0
+    assert await store.lock(identity, "owner-2", 5.0) == "owner-1"
+    assert await store.lock(identity, "owner-1", 5.0) is None
     await store.unlock(identity, "owner-1")
-    assert await store.lock(identity, "owner-2", 5.0) == 0
+    assert await store.lock(identity, "owner-2", 5.0) is None
 
 
 async def test_another_store_key_cannot_read_the_token(redis_server: RedisServer) -> None:
@@ -314,7 +315,7 @@ async def test_from_env_reads_the_store_url(emulator: Emulator, redis_server: Re
 async def test_a_least_privilege_acl_user_suffices(
     emulator: Emulator, redis_server: RedisServer
 ) -> None:
-    """The README's ACL line gives the store all it needs, and nothing else."""
+    """The README's ACL line gives the store all it needs, a database number included."""
     from redis_server import command
 
     readme = Path(__file__).parents[1].joinpath("README.md").read_text()
@@ -323,7 +324,9 @@ async def test_a_least_privilege_acl_user_suffices(
     rule = line.group(1).replace("<password>", "acl-test-password")
     assert b"+OK" in command(redis_server.port, "ACL", "SETUSER", *rule.split())
     try:
+        # A database other than 0: redis-py selects it on connecting (SELECT).
         url = redis_server.url.replace("redis://", "redis://gql-service-auth:acl-test-password@")
+        url = url.removesuffix("/0") + "/3"
         events: list[AuthEvent] = []
         with RedisTokenStore.from_url(url, timeout=SLOW_MACHINE) as store:
             await query(with_store(emulator, store, events))
@@ -574,7 +577,7 @@ class RacingStore(RedisTokenStore):
     before_lock: Any = None
     slow_lock = 0.0
 
-    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> float:
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> str | None:
         if self.before_lock is not None:
             await self.before_lock(identity)
         taken = await super().lock(identity, owner, ttl)
@@ -665,7 +668,7 @@ async def test_waiters_of_a_dead_holder_take_over_one_at_a_time(
     shared = transports[0]._tokens._shared
     assert shared is not None
     # The lock a process killed right after taking it leaves behind.
-    assert await store.lock(shared._identity, "dead-owner", shared.lock_ttl) == 0
+    assert await store.lock(shared._identity, "dead-owner", shared.lock_ttl) is None
     await asyncio.wait_for(asyncio.gather(*(query(t, 5) for t in transports)), 30)
     # Before waiters waited by Redis's clock, 5 or 6. A PTTL of 0, the dead lock's last
     # millisecond, once passed for a lock taken too, and made 2 under CPU load.

@@ -142,10 +142,15 @@ class MemoryTokenStore:
     async def discard(self, identity: TokenIdentity, access_token: str) -> bool:
         return self.tokens.pop(identity, None) is not None
 
-    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> float:
-        return 0.0
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> str | None:
+        return None
 
-    async def unlock(self, identity: TokenIdentity, owner: str) -> None:
+    async def unlock(
+        self, identity: TokenIdentity, owner: str, failure: str | None = None
+    ) -> None:
+        return None
+
+    async def failure(self, identity: TokenIdentity, owner: str) -> str | None:
         return None
 
 

@@ -1,0 +1,343 @@
+"""The shared token store under fleet faults: revocations, failing endpoints, pools, closes.
+
+Each test runs gql's ``Client`` against the emulator (real clock) and a real
+``redis-server``, both on 127.0.0.1; the fleet tests start real processes
+(tests/fleet_worker.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gql import Client
+from redis_server import RedisServer, command, free_port
+from support import COUNT, fleet_config, query, with_store
+
+from gql_service_auth import (
+    AuthEvent,
+    OAuth2Transport,
+    RetryPolicy,
+    StoredToken,
+    TokenIdentity,
+)
+from gql_service_auth.emulator import ClientRecord, Emulator
+from gql_service_auth.redis import RedisTokenStore
+
+WORKER = Path(__file__).with_name("fleet_worker.py")
+SLOW_MACHINE = 2.0
+"""Seconds of store timeout where a test counts requests rather than tests timeouts."""
+
+
+@pytest.fixture
+def emulator() -> Iterator[Emulator]:
+    """The emulator on the real clock (freshness in the store is Redis's PTTL)."""
+    with Emulator().run_in_thread() as running:
+        yield running
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[RedisTokenStore]:
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as opened:
+        yield opened
+
+
+def identity_of(emulator: Emulator, client: ClientRecord | None = None) -> TokenIdentity:
+    """The identity under which with_store()'s transports share their token."""
+    client = client or emulator.recent_client
+    return TokenIdentity.of(
+        token_url=emulator.token_url,
+        client_id=client.client_id,
+        client_secret=client.client_secret,
+        scope=None,
+        token_params={},
+        auth_method="client_secret_post",
+    )
+
+
+async def token_of_its_own(emulator: Emulator) -> str:
+    """A token the emulator issued to a transport with no store (as a peer would hold)."""
+    peer = with_store(emulator, None)
+    await query(peer)
+    assert peer.token is not None
+    return peer.token.value
+
+
+def run_fleet(processes: int, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """One phase of ``processes`` fleet workers started together; each one's outcome."""
+    env = {**os.environ, "FLEET_CONFIG": json.dumps(config)}
+    started = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for process in started:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == "ready"
+        for process in started:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        outcomes = []
+        for process in started:
+            assert process.stdout is not None
+            outcomes.append(json.loads(process.stdout.readline()))
+        return outcomes
+    finally:
+        for process in started:
+            if process.stdin is not None:
+                process.stdin.close()
+        for process in started:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+# 1. Revocations.
+
+
+async def test_a_revocation_that_covers_a_peers_newer_token_fails_no_query(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """Refused, a transport does not take a stored token from before its refusal: it fetches."""
+    events: list[AuthEvent] = []
+    transport = with_store(emulator, store, events)
+    await query(transport)
+    # A peer renewed ahead of expiry and stored its newer token; then every token is revoked.
+    newer = await token_of_its_own(emulator)
+    assert await store.save(identity_of(emulator), StoredToken(newer, 3600.0, 3600.0))
+    emulator.revoke_tokens()
+    await query(transport)  # before: UnauthenticatedError after 1 renewal
+    assert transport.token is not None
+    assert transport.token.value != newer
+    assert emulator.counters.token_requests == 3
+    assert [e.name for e in events].count("token_fetched") == 2
+
+
+async def test_the_renewal_of_a_revoked_shared_token_serves_every_transport(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """Refused one after another with the fleet's token, transports share one renewal."""
+    transports = [with_store(emulator, store) for _ in range(4)]
+    for transport in transports:
+        await query(transport)
+    emulator.revoke_tokens()
+    for transport in transports:  # each learns of the revocation later than the one before
+        await query(transport)
+    assert emulator.counters.token_requests == 2
+    assert len({t.token.value for t in transports if t.token is not None}) == 1
+
+
+# 2. A token endpoint that fails, with a store: the fetch's own deadline, one fetch.
+
+
+def test_processes_waiting_on_a_failing_fetch_learn_its_error(
+    emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """6 processes, a 503 endpoint: all end in TokenRequestError, after one process's tries."""
+    emulator.token_latency = 0.2
+    emulator.fail_token_requests(1000, 503)
+    config = fleet_config(
+        emulator,
+        redis_server.url,
+        concurrency=1,
+        retry_timeout=1.5,
+        store_timeout=SLOW_MACHINE,
+        # RetryPolicy.timeout + 0.5 s, and a little: what the README's "Timeouts" promises.
+        execute_timeout=2.5,
+    )
+    outcomes = run_fleet(6, config)
+    # Before: the waiters waited out the holder's lock, then fetched in turn, and ran into
+    # execute_timeout (TimeoutError).
+    assert [o["failures"] for o in outcomes] == [["TokenRequestError"]] * 6
+    # One process's tries (at most 4 of 0.2 s in 1.5 s), not one process's after another's.
+    assert emulator.counters.token_requests <= 4
+
+
+async def test_a_hung_token_endpoint_ends_in_token_request_error_with_a_store(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """Transports waiting on a fetch that hangs get TokenRequestError at its deadline."""
+    emulator.freeze_token_endpoint(10)
+    try:
+        retry = RetryPolicy(timeout=1.0)
+        transports = [with_store(emulator, store, retry=retry) for _ in range(3)]
+        outcomes = await asyncio.gather(
+            *(
+                asyncio.wait_for(Client(transport=t, execute_timeout=1.8).execute_async(COUNT), 5)
+                for t in transports
+            ),
+            return_exceptions=True,
+        )
+    finally:
+        emulator.freeze_token_endpoint(0)
+    assert [type(o).__name__ for o in outcomes] == ["TokenRequestError"] * 3
+    assert emulator.counters.token_requests == 1
+
+
+# 3. The store's own connection pool is no outage.
+
+
+async def test_two_hundred_transports_on_one_store_read_their_tokens(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """200 credentials, each token in Redis: 200 new transports at once cost 0 token requests."""
+    registered = date(2025, 1, 15)
+    clients = [ClientRecord.generate(f"emu-pool-client-{i}", registered) for i in range(200)]
+    emulator.clients.update((c.client_id, c) for c in clients)
+
+    def transport(client: ClientRecord, events: list[AuthEvent]) -> OAuth2Transport:
+        return OAuth2Transport(
+            emulator.graphql_url,
+            token_url=emulator.token_url,
+            client_id=client.client_id,
+            client_secret=client.client_secret,
+            token_store=store,
+            on_event=events.append,
+        )
+
+    for client in clients:  # one at a time: the tokens land in Redis
+        await query(transport(client, []))
+    emulator.reset_counters()
+    events: list[AuthEvent] = []
+    await asyncio.gather(*(query(transport(client, events)) for client in clients))
+    # Before: over redis-py's pool of 100, MaxConnectionsError passed for Redis being down.
+    assert emulator.counters.token_requests == 0
+    assert [e.name for e in events] == ["token_loaded"] * 200
+
+
+# 4. A process with no token of its own takes a usable stored token due for renewal.
+
+
+async def test_a_new_process_takes_a_stored_token_due_for_renewal(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """With 20 s left of 3600 (past the 60 s margin), a stored token serves a cold transport."""
+    stored = await token_of_its_own(emulator)
+    assert await store.save(identity_of(emulator), StoredToken(stored, 20.0, 3600.0))
+    emulator.fail_token_requests(1000, 503)  # the token endpoint is down
+    events: list[AuthEvent] = []
+    transport = with_store(emulator, store, events)
+    await query(transport, times=3)  # before: TokenRequestError
+    assert transport.token is not None
+    assert transport.token.value == stored
+    assert events[0].name == "token_loaded"
+
+
+async def test_a_token_due_for_renewal_taken_from_the_store_is_renewed_in_the_background(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """The next query after taking it renews it once, for this transport and the store."""
+    stored = await token_of_its_own(emulator)
+    assert await store.save(identity_of(emulator), StoredToken(stored, 20.0, 3600.0))
+    events: list[AuthEvent] = []
+    transport = with_store(emulator, store, events)
+    await query(transport)
+    await query(transport)
+    for _ in range(200):  # bounded: 2 s at most
+        if transport.token is not None and transport.token.value != stored:
+            break
+        await asyncio.sleep(0.01)
+    assert [e.name for e in events] == ["token_loaded", "token_fetched"]
+    assert events[1].reason == "expiring"
+    loaded = await store.load(identity_of(emulator))
+    assert loaded is not None
+    assert loaded.access_token == transport.token.value
+
+
+# 5. from_env(): one store per URL per process.
+
+
+async def test_from_env_transports_share_one_store(
+    emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """A from_env() transport per job: one store, one thread, one connection, one token."""
+    environ = {**emulator.environ(), "SERVICE_TOKEN_STORE_URL": redis_server.url}
+    for _ in range(20):
+        await query(OAuth2Transport.from_env(environ))
+    threads = [t for t in threading.enumerate() if t.name == "gql-service-auth-redis"]
+    assert len(threads) == 1  # before: one per transport, until the garbage collector ran
+    clients = command(redis_server.port, "CLIENT", "LIST").count(b"cmd=")
+    assert clients <= 2  # the store's, and the one asking
+    assert emulator.counters.token_requests == 1
+
+
+# 7. close() racing a store call.
+
+
+async def test_closing_the_store_during_a_call_is_quiet(
+    emulator: Emulator, own_redis: RedisServer
+) -> None:
+    """A call cut short by close() is no store failure: a direct fetch, and no warning."""
+    events: list[AuthEvent] = []
+    store = RedisTokenStore.from_url(own_redis.url, timeout=3.0)
+    assert await store.load(identity_of(emulator)) is None  # connected
+    own_redis.pause()
+    try:
+        closer = threading.Timer(0.3, store.close)
+        closer.start()
+        await asyncio.wait_for(query(with_store(emulator, store, events)), 15)
+        closer.join()
+    finally:
+        own_redis.resume()
+    assert [e.name for e in events] == ["token_fetched"]
+
+
+# 8. A fetch lock without a time to live.
+
+
+async def test_a_lock_without_a_time_to_live_is_taken_over(
+    emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
+) -> None:
+    """A lock that lost its TTL (a restore, a PERSIST) stalls no fetch, and heals."""
+    await query(with_store(emulator, store))
+    names = [name.decode() for name, _ in redis_server.dump()]
+    token_key = next(name for name in names if name.endswith(":token"))
+    lock_key = token_key.removesuffix(":token") + ":lock"
+    command(redis_server.port, "SET", lock_key, "an-owner-long-gone")  # no PX
+    command(redis_server.port, "DEL", token_key)
+    events: list[AuthEvent] = []
+    # Before: waited out for lock_ttl, then fetched unlocked, and the lock stayed forever.
+    await asyncio.wait_for(query(with_store(emulator, store, events)), 10)
+    assert [e.name for e in events] == ["token_fetched"]
+    assert command(redis_server.port, "EXISTS", lock_key) == b":0\r\n"
+
+
+# Also: the store failure says which Redis and what failed; the cool-down is per store.
+
+
+async def test_a_store_failure_names_the_redis_and_the_cause_once_per_store(
+    emulator: Emulator,
+) -> None:
+    """5 transports, Redis down: one token_store_failed naming host, port and cause."""
+    port = free_port()
+    events: list[AuthEvent] = []
+    url = f"redis://user:store-password-4f1c@127.0.0.1:{port}/2?socket_keepalive=true"
+    with RedisTokenStore.from_url(url) as store:
+        for _ in range(5):
+            await query(with_store(emulator, store, events))
+    failed = [e for e in events if e.name == "token_store_failed"]
+    assert len(failed) == 1  # before: one per transport
+    assert failed[0].store == f"redis://127.0.0.1:{port}/2"
+    assert failed[0].detail is not None
+    assert "connect" in failed[0].detail.lower()
+    assert "store-password" not in repr(failed[0])
