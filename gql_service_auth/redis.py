@@ -19,7 +19,7 @@ taken while one process fetches. Neither says whose they are:
 So reading Redis, its backups, its replicas or ``MONITOR`` gives nothing usable; every
 process that holds the client secret (and so could fetch a token itself) can read it.
 The commands used are in Redis 6.2 and Valkey alike: ``EVALSHA`` (with ``SCRIPT LOAD``),
-and in scripts ``SET NX PX``, ``TIME``, ``HGET``, ``HMGET``, ``HSET``, ``PTTL``,
+and in scripts ``SET PX``, ``TIME``, ``HGET``, ``HMGET``, ``HSET``, ``PTTL``,
 ``PEXPIRE``, ``GET`` and ``DEL``.
 """
 
@@ -32,6 +32,7 @@ try:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
     from redis.asyncio.cluster import RedisCluster
+    from redis.asyncio.connection import parse_url
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
@@ -47,7 +48,6 @@ import hmac
 import json
 import os
 import threading
-import urllib.parse
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -202,6 +202,11 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _opaque(value: bytes | str) -> str:
+    """An owner value as text, whatever bytes another client wrote there."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+
+
 class RedisTokenStore(TokenStore):
     """A :class:`~gql_service_auth.TokenStore` on Redis, Redis Cluster or Valkey.
 
@@ -318,6 +323,7 @@ class RedisTokenStore(TokenStore):
         self._cooldown = float(cooldown)
         self._prefix = prefix
         self._location = location
+        self._shared_url: _Hidden | None = None
         self._keys: dict[TokenIdentity, _Keys] = {}
         self._closed = False
         self._start()
@@ -341,6 +347,9 @@ class RedisTokenStore(TokenStore):
         return self
 
     def __reduce__(self) -> tuple[Callable[..., RedisTokenStore], tuple[Any, ...]]:
+        if self._shared_url is not None:
+            # from_env()'s: unpickled, it is the process's shared store for the same URL.
+            return shared_store, (self._shared_url.value,)
         if self._recipe is None:
             raise TypeError(
                 "a RedisTokenStore built on a client cannot be pickled: build it with "
@@ -420,14 +429,19 @@ class RedisTokenStore(TokenStore):
         """The stored token of ``identity``, with its time left by Redis's clock."""
         keys = self._keys_of(identity)
         value, lifetime, ttl, replaces = await self._eval(_LOAD, [keys.token], [])
-        if value is None or lifetime is None or int(ttl) <= 0:
+        try:
+            if value is None or lifetime is None or int(ttl) <= 0:
+                return None
+            access_token = keys.open(_text(value))
+            life = int(lifetime) / 1000
+            if replaces is not None:
+                replaces = keys.open(_text(replaces), keys.aad + b":replaces")
+        except ValueError:  # UnicodeDecodeError too
+            # Damaged, or not ours: as good as absent; a fetch's newer token replaces it.
             return None
-        access_token = keys.open(_text(value))
         if access_token is None:
             return None
-        if replaces is not None:
-            replaces = keys.open(_text(replaces), keys.aad + b":replaces")
-        return StoredToken(access_token, int(ttl) / 1000, int(lifetime) / 1000, replaces)
+        return StoredToken(access_token, int(ttl) / 1000, life, replaces)
 
     async def save(self, identity: TokenIdentity, token: StoredToken) -> bool:
         """Store ``token`` unless the stored one expires later (by Redis's clock)."""
@@ -456,7 +470,7 @@ class RedisTokenStore(TokenStore):
         """
         milliseconds = min(max(int(ttl * 1000), 1), _MAX_TTL_MS)
         answer = await self._eval(_LOCK, [self._keys_of(identity).lock], [owner, milliseconds])
-        return None if answer is None else _text(answer)
+        return None if answer is None else _opaque(answer)
 
     async def unlock(
         self, identity: TokenIdentity, owner: str, failure: str | None = None
@@ -475,7 +489,7 @@ class RedisTokenStore(TokenStore):
         value = await self._eval(_GET, [keys.failed], [])
         if value is None:
             return None
-        holder, _, sealed = _text(value).partition(":")
+        holder, _, sealed = _opaque(value).partition(":")
         return keys.open(sealed, keys.failed.encode()) if holder == owner else None
 
     # Life cycle.
@@ -611,9 +625,24 @@ def _restore(
 
 
 def _url_location(url: str) -> str:
-    """``url`` without user, password, query or fragment: safe to show."""
-    parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+    """Where ``url`` leads, as redis-py reads it, with no user, password or option.
+
+    Raises:
+        ConfigurationError: redis-py cannot read it; the message quotes none of it, as a
+            password with an unescaped ``/`` or ``#`` would show in parts.
+    """
+    try:
+        parts = parse_url(url)
+    except ValueError:
+        raise ConfigurationError(
+            "the token store URL cannot be read: check its host and port, and "
+            "percent-encode any /, #, ? or @ in its user name or password"
+        ) from None
+    if parts.get("path"):
+        return f"unix://{parts['path']}"
+    scheme = url.partition("://")[0]
+    host, port = parts.get("host", "localhost"), parts.get("port", 6379)
+    return f"{scheme}://{host}:{port}/{parts.get('db', 0)}"
 
 
 def _client_location(client: _Client) -> str:
@@ -635,8 +664,31 @@ def _call_limit(client: _Client) -> int:
     return _MAX_CALLS
 
 
-_SHARED: dict[str, RedisTokenStore] = {}
-_SHARED_LOCK = threading.Lock()
+class _SharedStores:
+    """The process's one store per URL, for ``from_env()``."""
+
+    def __init__(self) -> None:
+        self._by_url: dict[str, RedisTokenStore] = {}
+        self._lock = threading.Lock()
+        _fork.reset_in_child(self)
+
+    def __repr__(self) -> str:
+        return f"<shared stores: {len(self._by_url)}>"  # the URLs may hold passwords
+
+    def get(self, url: str) -> RedisTokenStore:
+        with self._lock:
+            store = self._by_url.get(url)
+            if store is None or store.closed:
+                store = self._by_url[url] = RedisTokenStore.from_url(url)
+                store._shared_url = _Hidden(url)
+            return store
+
+    def _after_fork_in_child(self) -> None:
+        # The stores reset themselves in the child; another thread may have held the lock.
+        self._lock = threading.Lock()
+
+
+_SHARED = _SharedStores()
 
 
 def shared_store(url: str) -> RedisTokenStore:
@@ -646,11 +698,7 @@ def shared_store(url: str) -> RedisTokenStore:
     thread. One that was closed is replaced. A forked child keeps it: the store resets
     itself there. Closed at exit, as every store is.
     """
-    with _SHARED_LOCK:
-        store = _SHARED.get(url)
-        if store is None or store.closed:
-            store = _SHARED[url] = RedisTokenStore.from_url(url)
-        return store
+    return _SHARED.get(url)
 
 
 def _fresh_copy(client: _Client) -> _Client:

@@ -37,7 +37,6 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception_type,
-    stop_after_attempt,
 )
 from yarl import URL
 
@@ -849,7 +848,7 @@ class OAuth2Transport(_AuthenticatingTransport):
         )
         shared = None
         if token_store is not None:
-            for method in ("load", "save", "discard", "lock", "unlock"):
+            for method in ("load", "save", "discard", "lock", "unlock", "failure"):
                 if not callable(getattr(token_store, method, None)):
                     raise ConfigurationError(
                         f"token_store must be a TokenStore; {type(token_store).__name__} "
@@ -1135,11 +1134,29 @@ class OAuth2Transport(_AuthenticatingTransport):
         # original send; it waits out any pause of renewals before each re-send.
         refused_generation = token.generation
         last = outcome
+        # One send more, once, when a re-send's token came from a shared store as the
+        # replacement of the very token refused, and is refused too: another revocation
+        # covered it, which no process could tell, and a fresh fetch follows.
+        extra = 0
+
+        def stop(state: RetryCallState) -> bool:
+            return state.attempt_number >= self._max_renewals + 1 + extra
+
+        def before_resend(state: RetryCallState) -> None:
+            self._emit(
+                AuthEvent(
+                    "request_retry_scheduled",
+                    attempt=state.attempt_number,
+                    max_attempts=self._max_renewals + 1 + extra,
+                    wait=state.upcoming_sleep,
+                )
+            )
+
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._max_renewals + 1),
+            stop=stop,
             wait=lambda _: self._tokens.pause_remaining(),
             retry=retry_if_exception_type(_Refused),
-            before_sleep=self._before_resend,
+            before_sleep=before_resend,
             reraise=True,
         )
         replayed = False
@@ -1162,6 +1179,8 @@ class OAuth2Transport(_AuthenticatingTransport):
                     )
                     refused_generation = token.generation
                     last = outcome
+                    if not extra and self._tokens.standing(token) == "replacement":
+                        extra = 1  # counts only if this answer refuses it
                     return self._accept(token, outcome, verdict)
         except _Refused:
             pass
@@ -1209,16 +1228,6 @@ class OAuth2Transport(_AuthenticatingTransport):
             del secrets
             raise error
         raise _Refused(outcome)
-
-    def _before_resend(self, state: RetryCallState) -> None:
-        self._emit(
-            AuthEvent(
-                "request_retry_scheduled",
-                attempt=state.attempt_number,
-                max_attempts=self._max_renewals + 1,
-                wait=state.upcoming_sleep,
-            )
-        )
 
 
 def _verdict(

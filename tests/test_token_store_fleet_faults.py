@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from support import COUNT, fleet_config, query, with_store
 
 from gql_service_auth import (
     AuthEvent,
+    ConfigurationError,
     OAuth2Transport,
     RetryPolicy,
     StoredToken,
@@ -341,3 +343,157 @@ async def test_a_store_failure_names_the_redis_and_the_cause_once_per_store(
     assert failed[0].detail is not None
     assert "connect" in failed[0].detail.lower()
     assert "store-password" not in repr(failed[0])
+
+
+# Refusals at awkward moments.
+
+
+async def test_two_revocations_in_a_row_fail_no_query(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """An idle transport takes the stored replacement of its token, which a second
+    revocation covered too: one send more, and a fresh fetch, rather than a failure."""
+    events: list[AuthEvent] = []
+    first, idle = with_store(emulator, store), with_store(emulator, store, events)
+    await query(first)
+    await query(idle)
+    emulator.revoke_tokens()
+    await query(first)  # renews, and stores the replacement of the shared token
+    emulator.revoke_tokens()
+    del events[:]
+    await query(idle)  # before: UnauthenticatedError after 1 renewal
+    assert [e.name for e in events if e.name.startswith("token_")] == [
+        "token_rejected",
+        "token_loaded",
+        "token_rejected",
+        "token_fetched",
+    ]
+    assert emulator.counters.token_requests == 3
+
+
+async def test_a_renewal_under_way_at_a_refusal_does_not_serve_it_an_older_token(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """A renewal ahead of expiry that reads a peer's token from before the revocation does
+    not answer the refusal that came meanwhile: the request waits for a fetch after it."""
+    emulator.token_ttl = 1.0
+    events: list[AuthEvent] = []
+    transport = with_store(emulator, store, events)
+    await query(transport)  # a 1 s token, renewed ahead from 0.5 s on
+    emulator.token_ttl = 60.0
+    newer = await token_of_its_own(emulator)  # a peer's, stored, not due for renewal
+    assert await store.save(identity_of(emulator), StoredToken(newer, 60.0, 60.0))
+    await asyncio.sleep(0.55)
+    emulator.revoke_tokens()
+    # The query starts the renewal (it reads the peer's token) and is refused meanwhile.
+    await query(transport)  # before: UnauthenticatedError after 1 renewal
+    names = [(e.name, e.reason) for e in events]
+    assert ("token_loaded", "expiring") in names
+    assert names[-1] == ("token_fetched", "rejected")
+    assert transport.token is not None
+    assert transport.token.value != newer
+
+
+# Stores that are not quite right.
+
+
+class MemoryStore:
+    """A TokenStore of a user's own, in memory, as the protocol asks."""
+
+    timeout = 0.25
+    cooldown = 10.0
+
+    def __init__(self) -> None:
+        self.tokens: dict[TokenIdentity, StoredToken] = {}
+
+    async def load(self, identity: TokenIdentity) -> StoredToken | None:
+        return self.tokens.get(identity)
+
+    async def save(self, identity: TokenIdentity, token: StoredToken) -> bool:
+        self.tokens[identity] = token
+        return True
+
+    async def discard(self, identity: TokenIdentity, access_token: str) -> bool:
+        return self.tokens.pop(identity, None) is not None
+
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> str | None:
+        return None
+
+    async def unlock(
+        self, identity: TokenIdentity, owner: str, failure: str | None = None
+    ) -> None:
+        return None
+
+    async def failure(self, identity: TokenIdentity, owner: str) -> str | None:
+        return None
+
+
+class OlderStore(MemoryStore):
+    """A store written for the earlier protocol: its unlock takes no failure."""
+
+    async def unlock(self, identity: TokenIdentity, owner: str) -> None:  # type: ignore[override]
+        return None
+
+
+async def test_a_store_whose_method_fails_to_be_called_is_a_store_that_failed(
+    emulator: Emulator,
+) -> None:
+    """A method with other arguments counts as the store failing: the query succeeds."""
+    events: list[AuthEvent] = []
+    await query(with_store(emulator, OlderStore(), events), times=3)
+    assert [e.name for e in events] == ["token_store_failed", "token_fetched"]
+    assert events[0].error == "TypeError"
+    assert events[0].store == "OlderStore"
+
+
+def test_a_store_without_failure_is_refused(emulator: Emulator) -> None:
+    """token_store= needs every method of the protocol, failure() included."""
+
+    class NoFailure(MemoryStore):
+        failure = None  # type: ignore[assignment]
+
+    with pytest.raises(ConfigurationError, match=r"has no failure\(\)"):
+        with_store(emulator, NoFailure())
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:pa/ss-word-8c1f@127.0.0.1:1/0",
+        "redis://user:pa#ss-word-8c1f@127.0.0.1:1/0",
+        "redis://user:ss-word-8c1f@127.0.0.1:notaport/0",
+    ],
+    ids=["slash", "hash", "bad-port"],
+)
+def test_a_store_url_redis_cannot_read_is_refused_without_showing_it(url: str) -> None:
+    """A password with an unescaped / or #, or a bad port: refused up front, quoted nowhere."""
+    with pytest.raises(ConfigurationError) as info:
+        RedisTokenStore.from_url(url)
+    assert "ss-word" not in str(info.value)
+    assert "percent-encode" in str(info.value)
+
+
+async def test_damaged_values_in_redis_are_as_good_as_absent(
+    emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
+) -> None:
+    """A token hash with a damaged field is replaced by the next fetch, quietly."""
+    await query(with_store(emulator, store))
+    token_key = next(n.decode() for n, _ in redis_server.dump() if n.endswith(b":token"))
+    command(redis_server.port, "HSET", token_key, "life", "not-a-number")
+    events: list[AuthEvent] = []
+    await query(with_store(emulator, store, events))
+    await query(with_store(emulator, store, events))
+    assert [e.name for e in events] == ["token_fetched", "token_loaded"]
+
+
+async def test_unpickled_from_env_transports_share_the_store(
+    emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """A from_env() transport sent to a worker by pickle uses that process's one store."""
+    environ = {**emulator.environ(), "SERVICE_TOKEN_STORE_URL": redis_server.url}
+    pickled = pickle.dumps(OAuth2Transport.from_env(environ))
+    for _ in range(10):
+        await query(pickle.loads(pickled))
+    threads = [t for t in threading.enumerate() if t.name == "gql-service-auth-redis"]
+    assert len(threads) == 1
+    assert emulator.counters.token_requests == 1
