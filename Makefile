@@ -56,7 +56,8 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench.py
 
-# The suite on every Python 3.10-3.13 the machine has (absent ones are skipped), by nox.
+# The suite on every other Python 3.10-3.13 the machine has (absent ones are skipped), by
+# nox; make test runs it on the default one.
 matrix: $(STAMP)
 	$(BIN)/nox
 

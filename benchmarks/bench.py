@@ -66,6 +66,7 @@ class Sizes:
     pytest_runs: int = 21
     latency_seconds: float = 9.0
     latency_workers: int = 20
+    latency_modes: tuple[str, ...] = ("async", "sync")
     fleet_processes: int = 16
     fleet_concurrency: int = 100
     fleet_ttl: float = 4.0
@@ -91,10 +92,11 @@ TINY = Sizes(
     pytest_runs=1,
     latency_seconds=4.0,
     latency_workers=4,
+    latency_modes=("sync",),  # gql's blocking execute: threads, a loop per call
     fleet_processes=3,
     fleet_concurrency=10,
     fleet_ttl=2.0,
-    fleet_lifetimes=2,
+    fleet_lifetimes=1,
     fleet_pause=0.2,
     revocations=2,
     revocation_ttl=2.0,
@@ -601,7 +603,7 @@ def renewal_latency(sizes: Sizes, make: TransportMaker = latency_oauth2) -> dict
     """
     figures: dict[str, Any] = {}
     for scenario, (ttl, margin, latency, outage_seconds) in LATENCY_SCENARIOS.items():
-        for mode in ("async", "sync"):
+        for mode in sizes.latency_modes:
             with Emulator(token_ttl=ttl).run_in_thread() as emulator:
                 emulator.token_latency = latency
                 transport = make(emulator, margin)
