@@ -124,17 +124,21 @@ class StoredToken:
         replaces: For a token fetched because the API refused another, a fingerprint of
             that one (no secret: a hash), so that the processes refused with it take this
             one; ``None`` otherwise.
+        replaced_before: Seconds by which that one was requested before this one, if
+            known: the processes refused with a token no newer take this one too.
     """
 
     access_token: str
     expires_in: float
     lifetime: float
     replaces: str | None = None
+    replaced_before: float | None = None
 
     def __repr__(self) -> str:
         return (
             f"StoredToken(access_token='***', expires_in={self.expires_in:.3f}, "
-            f"lifetime={self.lifetime:.3f}, replaces={self.replaces!r})"
+            f"lifetime={self.lifetime:.3f}, replaces={self.replaces!r}, "
+            f"replaced_before={self.replaced_before!r})"
         )
 
 
@@ -395,6 +399,7 @@ class SharedLevel:
         *,
         refused: str | None = None,
         refusal: Refusal | None = None,
+        replacing: Refusal | None = None,
         renewing: str | None = None,
     ) -> tuple[TokenResponse, Origin | None]:
         """A token through the store, or from ``fetch`` when the store cannot help.
@@ -404,6 +409,8 @@ class SharedLevel:
             refused: The value of a token the API refused, to drop from the store.
             refusal: The latest refusal: a stored token from before it is not taken,
                 unless it replaced that very token.
+            replacing: The refusal this fetch answers, if it answers one: a token fetched
+                is stored as its replacement (a renewal ahead of expiry replaces none).
             renewing: The value of the token renewed ahead of expiry, else ``None``: only
                 a stored token not due for renewal is taken.
 
@@ -477,7 +484,7 @@ class SharedLevel:
                 # hung); one of credentials (a secret being rotated, with store_key) is not.
                 await self._release(owner, _describe(failed) if failed.retryable else None)
                 raise
-            await self._save(response, started, refusal)
+            await self._save(response, started, replacing)
             return response, None
         finally:
             if locked:
@@ -491,8 +498,11 @@ class SharedLevel:
         if stored is None:
             return None
         # When it was requested follows from its lifetime and time left, on the store's
-        # clock; read_at is taken before the read, so this errs on the early side.
-        origin = Origin(read_at - (stored.lifetime - stored.expires_in), stored.replaces)
+        # clock. read_at is taken before the read, which errs on the early side; but the
+        # writer measured the time left before its write ran, which may have been as
+        # late as the store's timeout: the token may be that much older than it looks.
+        requested = read_at - (stored.lifetime - stored.expires_in)
+        origin = Origin(requested, stored.replaces, stored.replaced_before, self._store.timeout)
         if not takes(stored, origin):
             return None
         return _loaded(stored), origin
@@ -535,7 +545,7 @@ class SharedLevel:
                 return  # lost it (it lapsed meanwhile): the fetch goes on all the same
 
     async def _save(
-        self, response: TokenResponse, started: float, refusal: Refusal | None
+        self, response: TokenResponse, started: float, replacing: Refusal | None
     ) -> None:
         lifetime = response.expires_in
         if lifetime is None or lifetime <= 0:
@@ -544,9 +554,13 @@ class SharedLevel:
         # lifetime and time left when it was requested (see _takes).
         left = lifetime - (time.monotonic() - started)
         if left > 0:
-            # Fetched after the latest refusal: it replaces the token refused.
-            replaces = refusal.fingerprint if refusal is not None else None
-            token = StoredToken(response.access_token, left, lifetime, replaces)
+            # It replaces the token refused, requested that long before it.
+            replaces = before = None
+            if replacing is not None:
+                replaces = replacing.fingerprint
+                if replacing.requested_at is not None:
+                    before = started - replacing.requested_at
+            token = StoredToken(response.access_token, left, lifetime, replaces, before)
             try:
                 await self._call(lambda: self._store.save(self._identity, token))
             except StoreUnavailable as error:

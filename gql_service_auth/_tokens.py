@@ -90,10 +90,12 @@ class Refusal:
     Attributes:
         at: When it was first refused (``time.monotonic()``).
         fingerprint: The refused token's :func:`refusal_fingerprint`.
+        requested_at: When the refused token was requested (``time.monotonic()``), if known.
     """
 
     at: float
     fingerprint: str
+    requested_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,18 +106,34 @@ class Origin:
         requested_at: When it was requested (``time.monotonic()``), from its lifetime and
             time left on the store's clock.
         replaces: The fingerprint of the refused token it was fetched to replace, or ``None``.
+        replaced_before: Seconds between the request of that token and its own, if known.
+        uncertainty: Seconds by which it may have been requested earlier than
+            ``requested_at`` says: the process that stored it measured its time left
+            before its write ran.
     """
 
     requested_at: float
     replaces: str | None
+    replaced_before: float | None = None
+    uncertainty: float = 0.0
 
     def answers(self, refusal: Refusal | None) -> Literal["newer", "replacement", "older"]:
-        """How it stands to ``refusal``: requested after it, fetched to replace that very
-        token (so newer than the revocation that refused it, unless another came since),
-        or neither (a revocation that refused that token may have covered it too)."""
-        if refusal is None or self.requested_at > refusal.at:
+        """How it stands to ``refusal``.
+
+        ``"newer"``: requested after it. ``"replacement"``: fetched to replace that very
+        token, or one requested no earlier: the revocation that refused that one came
+        after the refused token was issued, so it explains the refusal, and this token is
+        newer than it (unless another revocation came since, which no process can tell).
+        ``"older"``: neither; a revocation that refused the token may have covered it too.
+        """
+        if refusal is None or self.requested_at - self.uncertainty > refusal.at:
             return "newer"
-        return "replacement" if self.replaces == refusal.fingerprint else "older"
+        if self.replaces is not None and self.replaces == refusal.fingerprint:
+            return "replacement"
+        before, refused = self.replaced_before, refusal.requested_at
+        if before is not None and refused is not None and self.requested_at - before >= refused:
+            return "replacement"
+        return "older"
 
 
 class TokenFetcher(Protocol):
@@ -326,6 +344,8 @@ class TokenManager:
         #: is not sent again with a stored token that the same revocation may have covered.
         self._refusal: Refusal | None = None
         self._loaded: tuple[int, Origin] | None = None
+        #: When (time.monotonic()) the tokens of the last few generations were requested.
+        self._requested: dict[int, float] = {}
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
@@ -585,7 +605,8 @@ class TokenManager:
         # a token requested after it is newer than the revocation behind it.
         fingerprint = refusal_fingerprint(token.value)
         if self._refusal is None or self._refusal.fingerprint != fingerprint:
-            self._refusal = Refusal(time.monotonic(), fingerprint)
+            requested = self._requested.get(token.generation)
+            self._refusal = Refusal(time.monotonic(), fingerprint, requested)
 
     def standing(self, token: AccessToken) -> Literal["newer", "replacement", "older"]:
         """How ``token`` stands to the latest refusal (see :meth:`Origin.answers`).
@@ -685,6 +706,7 @@ class TokenManager:
                         self._fetch,
                         refused=refused.value if refused is not None else None,
                         refusal=self._refusal,
+                        replacing=self._refusal if flight.reason == "rejected" else None,
                         renewing=renewing.value if renewing is not None else None,
                     ),
                     limit,
@@ -761,7 +783,8 @@ class TokenManager:
                 )
             )
         finally:
-            self._land(flight, response, None, started=started, origin=origin)
+            requested = origin.requested_at if origin is not None else began
+            self._land(flight, response, None, started=started, requested=requested, origin=origin)
 
     def _renewal_failed(self, flight: _Flight) -> tuple[float, float, int] | None:
         """Back off after a failed renewal of a token that is still usable.
@@ -799,6 +822,7 @@ class TokenManager:
         error: BaseException | None,
         *,
         started: float = 0.0,
+        requested: float = 0.0,
         origin: Origin | None = None,
     ) -> None:
         """Publish a fetch's outcome; clear the flight first so no stale error is re-raised."""
@@ -812,6 +836,9 @@ class TokenManager:
                 token = self._new_token(response, started, self._generation)
                 if origin is not None:
                     self._loaded = (token.generation, origin)
+                self._requested[token.generation] = requested
+                if len(self._requested) > 4:
+                    del self._requested[min(self._requested)]
                 if current or flight.private:
                     self._token = token
                     self._refused = None

@@ -434,26 +434,34 @@ class RedisTokenStore(TokenStore):
                 return None
             access_token = keys.open(_text(value))
             life = int(lifetime) / 1000
+            fingerprint, before = None, None
             if replaces is not None:
-                replaces = keys.open(_text(replaces), keys.aad + b":replaces")
-        except ValueError:  # UnicodeDecodeError too
+                opened = keys.open(_text(replaces), keys.aad + b":replaces")
+                if opened is not None:
+                    fingerprint, before = json.loads(opened)
+                    before = float(before) if before is not None else None
+        except (ValueError, TypeError):  # UnicodeDecodeError and JSONDecodeError too
             # Damaged, or not ours: as good as absent; a fetch's newer token replaces it.
             return None
         if access_token is None:
             return None
-        return StoredToken(access_token, int(ttl) / 1000, life, replaces)
+        return StoredToken(access_token, int(ttl) / 1000, life, fingerprint, before)
 
     async def save(self, identity: TokenIdentity, token: StoredToken) -> bool:
         """Store ``token`` unless the stored one expires later (by Redis's clock)."""
         keys = self._keys_of(identity)
         # Capped, so that any expires_in a server sends makes a valid PEXPIRE.
         ttl = min(max(int(token.expires_in * 1000), 1), _MAX_TTL_MS)
+        replaces = ""
+        if token.replaces:
+            replaced = json.dumps([token.replaces, token.replaced_before])
+            replaces = keys.seal(replaced, keys.aad + b":replaces")
         args = [
             keys.seal(token.access_token),
             keys.fingerprint(token.access_token),
             ttl,
             min(int(token.lifetime * 1000), _MAX_TTL_MS),
-            keys.seal(token.replaces, keys.aad + b":replaces") if token.replaces else "",
+            replaces,
         ]
         return bool(await self._eval(_SAVE, [keys.token], args))
 

@@ -497,3 +497,22 @@ async def test_unpickled_from_env_transports_share_the_store(
     threads = [t for t in threading.enumerate() if t.name == "gql-service-auth-redis"]
     assert len(threads) == 1
     assert emulator.counters.token_requests == 1
+
+
+async def test_the_replacement_of_a_newer_token_serves_a_transport_refused_with_an_older_one(
+    emulator: Emulator, store: RedisTokenStore
+) -> None:
+    """Two tokens in use at a revocation: the newer one's replacement serves both."""
+    older = with_store(emulator, store)
+    await query(older)
+    peer_token = await token_of_its_own(emulator)
+    assert await store.save(identity_of(emulator), StoredToken(peer_token, 3600.0, 3600.0))
+    newer = with_store(emulator, store)
+    await query(newer)  # reads the peer's newer token
+    emulator.revoke_tokens()
+    await query(newer)  # refused: fetches its replacement
+    await query(older)  # refused with the older token: takes the same replacement
+    assert emulator.counters.token_requests == 3
+    assert older.token is not None
+    assert newer.token is not None
+    assert older.token.value == newer.token.value
