@@ -38,6 +38,7 @@ from . import _fork
 from ._constants import BEARER_SCHEME, EXPIRY_GUARD, RENEWAL_RETRY_MIN
 from ._errors import TokenRequestError
 from ._events import AuthEvent, Emitter
+from ._loop_thread import close_own_loop
 from ._redact import clear_locals
 
 if TYPE_CHECKING:
@@ -602,7 +603,10 @@ class TokenManager:
 
     def _record_refusal(self, token: AccessToken) -> None:
         # Called with the lock held. The first refusal of a token is the one that counts:
-        # a token requested after it is newer than the revocation behind it.
+        # a token requested after it is newer than the revocation behind it. Without a
+        # store, no token is read from elsewhere, and nothing is weighed against it.
+        if self._shared is None:
+            return
         fingerprint = refusal_fingerprint(token.value)
         if self._refusal is None or self._refusal.fingerprint != fingerprint:
             requested = self._requested.get(token.generation)
@@ -884,19 +888,3 @@ class TokenManager:
             expires_at=expires_at,
             usable_until=usable_until,
         )
-
-
-def close_own_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel what is left on a stopped loop of a thread's own, wait a little, close it.
-
-    Bounded: tasks get a second to end, and the default executor is not waited for.
-    """
-    try:
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-    finally:
-        loop.close()  # shuts the default executor down without waiting for it

@@ -27,36 +27,30 @@ from __future__ import annotations
 
 try:
     import redis.asyncio as aioredis
-    from cryptography.exceptions import InvalidTag
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
     from redis.asyncio.cluster import RedisCluster
     from redis.asyncio.connection import parse_url
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
+
+    from ._redis_keys import Keys  # cryptography
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
     raise ImportError(
         "gql_service_auth.redis needs the redis extra: pip install 'gql-service-auth[redis]'"
     ) from exc
 
 import asyncio
-import base64
-import concurrent.futures
-import hashlib
-import hmac
 import json
-import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from . import _fork
+from . import _redis_scripts as scripts
 from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
 from ._errors import ConfigurationError
+from ._loop_thread import LoopClosed, LoopThread
 from ._store import StoredToken, TokenIdentity, TokenStore
-from ._tokens import close_own_loop
 
 __all__ = ["RedisTokenStore"]
 
@@ -75,61 +69,6 @@ _MAX_CALLS = 32
 """Store calls under way at once, at most: the others queue, rather than overflow the
 client's connection pool (redis-py raises at 100), which would pass for an outage."""
 
-# Salt and labels of the HKDF derivations (RFC 5869): a change of scheme changes them.
-_SALT = b"gql-service-auth token store v1"
-_NAME_INFO = b"key names"
-_VALUE_INFO = b"token values"
-
-# Lua scripts, each on the keys of one identity (one hash slot).
-#
-# Newer-only write: a fetch that lands late must not replace a token that lives longer.
-# Expiry is compared on Redis's clock (TIME), so hosts' clocks do not matter.
-_SAVE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expires = now + tonumber(ARGV[3])
-local stored = tonumber(redis.call('HGET', KEYS[1], 'exp') or '0')
--- A key without a time to live (a write that went wrong) never blocks a newer one.
-if stored >= expires and redis.call('PTTL', KEYS[1]) > 0 then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'v', ARGV[1], 'fp', ARGV[2], 'exp', expires, 'life', ARGV[4])
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'r', ARGV[5]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-_LOAD = """
-local v = redis.call('HMGET', KEYS[1], 'v', 'life', 'r')
-return {v[1], v[2], redis.call('PTTL', KEYS[1]), v[3]}
-"""
-# Compare-and-delete, for a refused token and for the lock: only its owner's value goes.
-_DISCARD = """
-if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-# Take the lock if it is free, extend it if it is the caller's, and take over one without a
-# time to live (a restore or PERSIST dropped it: none of ours is without one); else answer
-# the holder's owner value, which its waiters look up in the failure key once it is gone.
-_LOCK = """
-local holder = redis.call('GET', KEYS[1])
-if holder == false or holder == ARGV[1] or redis.call('PTTL', KEYS[1]) == -1 then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return false
-end
-return holder
-"""
-# Release (compare-and-delete), and publish why the fetch failed, for its waiters, whether or
-# not the lock lapsed meanwhile.
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-if ARGV[2] ~= '' then
-  redis.call('SET', KEYS[2], ARGV[1] .. ':' .. ARGV[2], 'PX', ARGV[3])
-end
-return 0
-"""
-_GET = """
-return redis.call('GET', KEYS[1])
-"""
-
 # Clients a forked child inherited: their sockets are the parent's, registered in an epoll
 # instance both share, so closing them here would unregister them for the parent too.
 _FORK_ORPHANS: list[object] = []
@@ -145,57 +84,6 @@ class _Hidden:
 
     def __repr__(self) -> str:
         return "<hidden>"
-
-
-class _Keys:
-    """The names and keys of one identity; never shown."""
-
-    __slots__ = ("aad", "failed", "fingerprint_key", "lock", "token", "value_key")
-
-    def __init__(self, identity: TokenIdentity, material: bytes, prefix: str) -> None:
-        canonical = json.dumps(
-            [
-                identity.token_url,
-                identity.client_id,
-                identity.scope,
-                [list(pair) for pair in identity.token_params],
-                identity.auth_method,
-            ],
-            separators=(",", ":"),
-        ).encode()
-        name_key = _hkdf(material, _NAME_INFO)
-        tag = hmac.new(name_key, canonical, hashlib.sha256).hexdigest()[:32]
-        self.token = f"{prefix}:{{{tag}}}:token"
-        self.lock = f"{prefix}:{{{tag}}}:lock"
-        self.failed = f"{prefix}:{{{tag}}}:failed"
-        self.aad = self.token.encode()
-        self.fingerprint_key = name_key
-        self.value_key = AESGCM(_hkdf(material, _VALUE_INFO + b"\0" + canonical))
-
-    def __repr__(self) -> str:
-        return "<keys>"
-
-    def fingerprint(self, access_token: str) -> str:
-        mac = hmac.new(self.fingerprint_key, b"fingerprint\0" + access_token.encode(), "sha256")
-        return mac.hexdigest()[:32]
-
-    def seal(self, text: str, aad: bytes | None = None) -> str:
-        nonce = os.urandom(12)
-        sealed = self.value_key.encrypt(nonce, text.encode(), aad or self.aad)
-        return base64.b64encode(nonce + sealed).decode("ascii")
-
-    def open(self, value: bytes | str, aad: bytes | None = None) -> str | None:
-        try:
-            raw = base64.b64decode(value, validate=True)
-            return self.value_key.decrypt(raw[:12], raw[12:], aad or self.aad).decode()
-        except (InvalidTag, ValueError):
-            # Another key (store_key differs between processes) or a damaged value: as
-            # good as absent; this process fetches and its newer token replaces it.
-            return None
-
-
-def _hkdf(material: bytes, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(material)
 
 
 def _text(value: bytes | str) -> str:
@@ -324,7 +212,7 @@ class RedisTokenStore(TokenStore):
         self._prefix = prefix
         self._location = location
         self._shared_url: _Hidden | None = None
-        self._keys: dict[TokenIdentity, _Keys] = {}
+        self._keys: dict[TokenIdentity, Keys] = {}
         self._closed = False
         self._start()
         _fork.reset_in_child(self)
@@ -333,7 +221,7 @@ class RedisTokenStore(TokenStore):
         self._running = _Running()
         # Closes the client and stops the thread when the store is collected, or at exit:
         # a store dropped without close() leaves no open socket behind.
-        self._finalizer = weakref.finalize(self, self._running.shut)
+        self._finalizer = weakref.finalize(self, self._running.loop.shut)
 
     def __repr__(self) -> str:
         return f"<RedisTokenStore {self._location} prefix={self._prefix!r}>"
@@ -361,7 +249,7 @@ class RedisTokenStore(TokenStore):
     @property
     def closed(self) -> bool:
         """Whether the store was closed: transports then fetch for themselves, quietly."""
-        return self._closed or self._running.closing
+        return self._closed or self._running.loop.closing
 
     @property
     def location(self) -> str:
@@ -397,13 +285,13 @@ class RedisTokenStore(TokenStore):
                 async with running.calls:
                     return await work(running.client, running.scripts)
             except asyncio.CancelledError:
-                if running.closing:
+                if running.loop.closing:
                     # Cancelled by close(), not by the caller: to the caller an error of
                     # the store like any other, so that it fetches its token itself.
-                    raise _Closed("the token store was closed") from None
+                    raise LoopClosed("the token store was closed") from None
                 raise
 
-        return await asyncio.wrap_future(running.submit(run()))
+        return await asyncio.wrap_future(running.loop.submit(run()))
 
     async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
         """Run a Lua script (EVALSHA, loading it on first use) on the keys of one identity."""
@@ -416,11 +304,11 @@ class RedisTokenStore(TokenStore):
 
         return await self._on_own_loop(work)
 
-    def _keys_of(self, identity: TokenIdentity) -> _Keys:
+    def _keys_of(self, identity: TokenIdentity) -> Keys:
         keys = self._keys.get(identity)
         if keys is None:
             material = self._store_key.value or identity.client_secret.encode()
-            keys = self._keys[identity] = _Keys(identity, material, self._prefix)
+            keys = self._keys[identity] = Keys(identity, material, self._prefix)
         return keys
 
     # The TokenStore protocol.
@@ -428,7 +316,7 @@ class RedisTokenStore(TokenStore):
     async def load(self, identity: TokenIdentity) -> StoredToken | None:
         """The stored token of ``identity``, with its time left by Redis's clock."""
         keys = self._keys_of(identity)
-        value, lifetime, ttl, replaces = await self._eval(_LOAD, [keys.token], [])
+        value, lifetime, ttl, replaces = await self._eval(scripts.LOAD, [keys.token], [])
         try:
             if value is None or lifetime is None or int(ttl) <= 0:
                 return None
@@ -463,12 +351,14 @@ class RedisTokenStore(TokenStore):
             min(int(token.lifetime * 1000), _MAX_TTL_MS),
             replaces,
         ]
-        return bool(await self._eval(_SAVE, [keys.token], args))
+        return bool(await self._eval(scripts.SAVE, [keys.token], args))
 
     async def discard(self, identity: TokenIdentity, access_token: str) -> bool:
         """Delete the stored token if it is ``access_token`` (compared by fingerprint)."""
         keys = self._keys_of(identity)
-        return bool(await self._eval(_DISCARD, [keys.token], [keys.fingerprint(access_token)]))
+        return bool(
+            await self._eval(scripts.DISCARD, [keys.token], [keys.fingerprint(access_token)])
+        )
 
     async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> str | None:
         """Take (or, for its owner, extend) the fetch lock for ``ttl`` seconds.
@@ -477,7 +367,9 @@ class RedisTokenStore(TokenStore):
             ``None`` when ``owner`` holds it now; else the holder's owner value.
         """
         milliseconds = min(max(int(ttl * 1000), 1), _MAX_TTL_MS)
-        answer = await self._eval(_LOCK, [self._keys_of(identity).lock], [owner, milliseconds])
+        answer = await self._eval(
+            scripts.LOCK, [self._keys_of(identity).lock], [owner, milliseconds]
+        )
         return None if answer is None else _opaque(answer)
 
     async def unlock(
@@ -489,12 +381,14 @@ class RedisTokenStore(TokenStore):
         """
         keys = self._keys_of(identity)
         sealed = keys.seal(failure, keys.failed.encode()) if failure is not None else ""
-        await self._eval(_UNLOCK, [keys.lock, keys.failed], [owner, sealed, _FAILURE_TTL_MS])
+        await self._eval(
+            scripts.UNLOCK, [keys.lock, keys.failed], [owner, sealed, _FAILURE_TTL_MS]
+        )
 
     async def failure(self, identity: TokenIdentity, owner: str) -> str | None:
         """Why ``owner``'s fetch failed, if it released the lock so a moment ago."""
         keys = self._keys_of(identity)
-        value = await self._eval(_GET, [keys.failed], [])
+        value = await self._eval(scripts.GET, [keys.failed], [])
         if value is None:
             return None
         holder, _, sealed = _opaque(value).partition(":")
@@ -542,76 +436,23 @@ class RedisTokenStore(TokenStore):
             self._connect = lambda: _fresh_copy(given)
 
 
-class _Closed(RuntimeError):
-    """A call on a store that is closing or closed: the caller fetches for itself, quietly."""
-
-
 class _Running:
-    """What a store runs on: its thread, the thread's loop, and the client on that loop."""
+    """What a store runs on: a loop thread, and the client and scripts on its loop."""
 
     def __init__(self) -> None:
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.thread: threading.Thread | None = None
         self.client: _Client | None = None
         self.calls: asyncio.Semaphore | None = None
         self.scripts: _Scripts = {}
-        self.closing = False
-        # Orders submit() and shut(): a call is either submitted before shut() begins,
-        # and so ends (in an error) before the loop stops, or refused; never cancelled
-        # before it starts, by a loop stopping under it.
-        self.guard = threading.Lock()
+        self.loop = LoopThread("gql-service-auth-redis", self._close_client)
 
     def __repr__(self) -> str:
-        return f"<running loop={self.loop is not None}>"
+        return f"<running {self.loop!r}>"
 
-    def submit(self, call: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
-        """Run ``call`` on the store's loop, started on first use."""
-        with self.guard:
-            if self.closing:
-                call.close()
-                raise _Closed("the token store is closed")
-            if self.loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=_serve, args=(loop,), name="gql-service-auth-redis", daemon=True
-                )
-                thread.start()
-                self.loop, self.thread = loop, thread
-            return asyncio.run_coroutine_threadsafe(call, self.loop)
-
-    def shut(self) -> None:
-        with self.guard:
-            self.closing = True  # from now on, calls fail at once and the client stays closed
-            loop, thread = self.loop, self.thread
-            self.loop = self.thread = None
-        if loop is None or thread is None:
-            return
-
-        async def close_client() -> None:
-            # Calls under way first (they end in an error, so their callers fetch for
-            # themselves): one still connecting would open a socket after the close.
-            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-            for task in others:
-                task.cancel()
-            if others:
-                await asyncio.wait(others, timeout=0.5)
-            client, self.client = self.client, None
-            self.scripts = {}
-            if client is not None:
-                await client.aclose()
-
-        if threading.current_thread() is thread:
-            # Collected on its own thread (a last reference dropped there): nothing may
-            # wait for this thread, so the loop stops once the client is closed.
-            loop.create_task(close_client()).add_done_callback(lambda _: loop.stop())
-            return
-        future = asyncio.run_coroutine_threadsafe(close_client(), loop)
-        try:
-            future.result(timeout=1.0)
-        except (concurrent.futures.TimeoutError, Exception):
-            future.cancel()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=1.0)
+    async def _close_client(self) -> None:
+        client, self.client = self.client, None
+        self.scripts = {}
+        if client is not None:
+            await client.aclose()
 
 
 def _restore(
@@ -717,11 +558,3 @@ def _fresh_copy(client: _Client) -> _Client:
         # from_pool: the client owns the pool, so closing the client closes its connections.
         return aioredis.Redis.from_pool(fresh)
     raise RuntimeError("a RedisCluster given to RedisTokenStore cannot be used after fork()")
-
-
-def _serve(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        close_own_loop(loop)

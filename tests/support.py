@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from gql import Client, FileVar, GraphQLRequest, gql
 from gql.transport.aiohttp import AIOHTTPTransport
 
 from gql_service_auth import AuthEvent, OAuth2Transport, RetryPolicy, TokenStore
-from gql_service_auth.emulator import Emulator
+from gql_service_auth.emulator import ClientRecord, Emulator
 
 CARRIERS = gql("query { carriers(first: 10) { edges { node { id name } } } }")
 """The contract's authentication check query."""
@@ -149,10 +154,13 @@ def with_store(
     emulator: Emulator,
     store: TokenStore | None,
     events: list[AuthEvent] | None = None,
+    *,
+    client: ClientRecord | None = None,
     **kwargs: Any,
 ) -> OAuth2Transport:
-    """An OAuth2Transport for the emulator's recent client, sharing tokens through ``store``."""
-    client = emulator.recent_client
+    """An OAuth2Transport for ``client`` (the emulator's recent one), sharing tokens through
+    ``store``."""
+    client = client or emulator.recent_client
     kwargs.setdefault("retry", STORE_RETRY)
     return OAuth2Transport(
         emulator.graphql_url,
@@ -185,3 +193,51 @@ def fleet_config(emulator: Emulator, redis_url: str | None, **more: Any) -> dict
         "redis_url": redis_url,
         **more,
     }
+
+
+FLEET_WORKER = Path(__file__).with_name("fleet_worker.py")
+
+
+class Fleet:
+    """Processes of tests/fleet_worker.py, each with its own transport on one Redis."""
+
+    def __init__(self, processes: int, **config: Any) -> None:
+        env = {**os.environ, "FLEET_CONFIG": json.dumps(config)}
+        self.processes = [
+            subprocess.Popen(
+                [sys.executable, str(FLEET_WORKER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                text=True,
+            )
+            for _ in range(processes)
+        ]
+        for process in self.processes:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == "ready"
+
+    def run(self) -> list[dict[str, Any]]:
+        """Start one phase in every process at once; each one's outcome."""
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        outcomes = []
+        for process in self.processes:
+            assert process.stdout is not None
+            outcomes.append(json.loads(process.stdout.readline()))
+        return outcomes
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.stdin is not None:
+                process.stdin.close()
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()

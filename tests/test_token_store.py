@@ -8,7 +8,6 @@ The emulator runs on the real clock here: a stored token's freshness is Redis's 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -25,7 +24,7 @@ import pytest
 import support
 from gql import Client
 from redis_server import RedisServer
-from support import COUNT, execute_on_threads, query, wait_until, with_store
+from support import COUNT, Fleet, execute_on_threads, query, wait_until, with_store
 
 from gql_service_auth import (
     AuthEvent,
@@ -38,7 +37,6 @@ from gql_service_auth import (
 from gql_service_auth.emulator import Emulator
 from gql_service_auth.redis import RedisTokenStore
 
-WORKER = Path(__file__).with_name("fleet_worker.py")
 SLOW_MACHINE = 2.0
 """Seconds of store timeout where a test counts requests rather than tests timeouts."""
 TOKEN_PATTERN = re.compile(rb"emu-token-[A-Za-z0-9_-]{20,}")
@@ -57,51 +55,6 @@ def store(redis_server: RedisServer) -> Iterator[RedisTokenStore]:
     # loaded machine was slow to connect. Tests of timeouts set their own.
     with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as opened:
         yield opened
-
-
-class Fleet:
-    """Processes of tests/fleet_worker.py, each with its own transport on one Redis."""
-
-    def __init__(self, processes: int, **config: Any) -> None:
-        env = {**os.environ, "FLEET_CONFIG": json.dumps(config)}
-        self.processes = [
-            subprocess.Popen(
-                [sys.executable, str(WORKER)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=env,
-                text=True,
-            )
-            for _ in range(processes)
-        ]
-        for process in self.processes:
-            assert process.stdout is not None
-            assert process.stdout.readline().strip() == "ready"
-
-    def run(self) -> list[dict[str, Any]]:
-        """Start one phase in every process at once; each one's outcome."""
-        for process in self.processes:
-            assert process.stdin is not None
-            process.stdin.write("go\n")
-            process.stdin.flush()
-        outcomes = []
-        for process in self.processes:
-            assert process.stdout is not None
-            outcomes.append(json.loads(process.stdout.readline()))
-        return outcomes
-
-    def close(self) -> None:
-        for process in self.processes:
-            if process.stdin is not None:
-                process.stdin.close()
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
 
 
 def fleet_config(emulator: Emulator, redis_url: str, **more: Any) -> dict[str, Any]:
