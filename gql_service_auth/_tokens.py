@@ -340,13 +340,13 @@ class TokenManager:
         #: The token the API refused last, until a new one lands: a shared store drops
         #: it, if it still holds it, rather than hand it back.
         self._refused: AccessToken | None = None
-        #: The latest token refused (late refusals of replaced tokens too), and the origin
-        #: of the newest token read from a shared store, by generation: a request refused
-        #: is not sent again with a stored token that the same revocation may have covered.
+        #: The latest token refused (late refusals of replaced tokens too), and, for the
+        #: tokens of the last few generations, when (time.monotonic()) each was requested
+        #: and, for one read from a shared store, its origin: a request refused is not
+        #: sent again with a stored token that the same revocation may have covered.
         self._refusal: Refusal | None = None
-        self._loaded: tuple[int, Origin] | None = None
-        #: When (time.monotonic()) the tokens of the last few generations were requested.
         self._requested: dict[int, float] = {}
+        self._origins: dict[int, Origin] = {}
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
@@ -617,10 +617,12 @@ class TokenManager:
 
         ``"newer"`` for a token this process fetched: its own renewals are trusted as ever.
         """
-        loaded = self._loaded
-        if loaded is None or loaded[0] != token.generation:
-            return "newer"
-        return loaded[1].answers(self._refusal)
+        origin = self._origins.get(token.generation)
+        return "newer" if origin is None else origin.answers(self._refusal)
+
+    def loaded(self, token: AccessToken) -> bool:
+        """Whether ``token`` was read from a shared store rather than fetched here."""
+        return token.generation in self._origins
 
     def _take_off(self, stale: AccessToken | None, *, background: bool = False) -> _Flight | None:
         # Called with the lock held. None: a background renewal found no thread to run on;
@@ -838,11 +840,12 @@ class TokenManager:
             if response is not None:
                 self._generation += 1
                 token = self._new_token(response, started, self._generation)
-                if origin is not None:
-                    self._loaded = (token.generation, origin)
                 self._requested[token.generation] = requested
-                if len(self._requested) > 4:
-                    del self._requested[min(self._requested)]
+                if origin is not None:
+                    self._origins[token.generation] = origin
+                for recent in (self._requested, self._origins):
+                    while len(recent) > 4:
+                        del recent[min(recent)]
                 if current or flight.private:
                     self._token = token
                     self._refused = None

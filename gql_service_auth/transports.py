@@ -1134,9 +1134,11 @@ class OAuth2Transport(_AuthenticatingTransport):
         # original send; it waits out any pause of renewals before each re-send.
         refused_generation = token.generation
         last = outcome
-        # One send more, once, when a re-send's token came from a shared store as the
-        # replacement of the very token refused, and is refused too: another revocation
-        # covered it, which no process could tell, and a fresh fetch follows.
+        # One send more, once, when a re-send's token was read from a shared store and is
+        # refused too: a revocation covered it that this process could not tell of (another
+        # after the one it replaced, or a write that reached the store late), and a fresh
+        # fetch follows. Decided when the token is handed out, not when its answer comes:
+        # by then other requests' refusals may have changed what is known.
         extra = 0
 
         def stop(state: RetryCallState) -> bool:
@@ -1168,6 +1170,7 @@ class OAuth2Transport(_AuthenticatingTransport):
                         raise _Refused(last)
                     try:
                         token = await self._tokens.get(min_ttl=min_ttl, after=refused_generation)
+                        loaded = self._tokens.loaded(token)
                     except (RenewalSpent, RenewalPaused):
                         # The renewal this request would share was refused as well, or
                         # fresh tokens keep being refused: this attempt is spent unsent.
@@ -1179,7 +1182,7 @@ class OAuth2Transport(_AuthenticatingTransport):
                     )
                     refused_generation = token.generation
                     last = outcome
-                    if not extra and self._tokens.standing(token) == "replacement":
+                    if loaded and not extra:
                         extra = 1  # counts only if this answer refuses it
                     return self._accept(token, outcome, verdict)
         except _Refused:
