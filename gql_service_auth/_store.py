@@ -54,8 +54,9 @@ from ._constants import (
 )
 from ._errors import TokenRequestError
 from ._events import AuthEvent
+from ._provenance import Origin, Refusal
 from ._redact import redact_text
-from ._tokens import Origin, Refusal, TokenFetcher, TokenResponse
+from ._tokens import TokenFetcher, TokenResponse
 
 _T = TypeVar("_T")
 
