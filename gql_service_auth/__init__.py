@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from ._events import AuthEvent, EventHook, EventName
     from ._oauth2 import ClientAuthMethod, RetryPolicy
     from ._store import StoredToken, TokenIdentity, TokenStore
+    from ._token import AccessToken, Clock
     from ._token_session import TokenSessionArgs
-    from ._tokens import AccessToken, Clock
     from .transports import (
         AIOHTTPTransportOptions,
         ApiKeyOptions,
@@ -33,14 +33,14 @@ if TYPE_CHECKING:
 # use imports them all, so that the module then looks as if imported eagerly.
 _HOMES: dict[str, str] = {
     "AIOHTTPTransportOptions": "transports",
-    "AccessToken": "_tokens",
+    "AccessToken": "_token",
     "ApiKeyOptions": "transports",
     "ApiKeyRejectedError": "_errors",
     "ApiKeyRejectedHTTPError": "_errors",
     "ApiKeyTransport": "transports",
     "AuthEvent": "_events",
     "ClientAuthMethod": "_oauth2",
-    "Clock": "_tokens",
+    "Clock": "_token",
     "ConfigurationError": "_errors",
     "EventHook": "_events",
     "EventName": "_events",

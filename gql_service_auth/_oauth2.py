@@ -48,8 +48,8 @@ from ._credentials import ClientCredentials
 from ._errors import ConfigurationError, TokenRequestError
 from ._events import AuthEvent, Emitter
 from ._redact import redact_chain, redact_text
+from ._token import TokenResponse
 from ._token_session import TokenSession
-from ._tokens import TokenResponse
 
 ClientAuthMethod: TypeAlias = Literal["client_secret_post", "client_secret_basic"]
 """How the client authenticates at the token endpoint (RFC 6749 section 2.3.1 names).

@@ -46,7 +46,6 @@ from typing import Protocol, TypeVar
 
 from . import _fork
 from ._constants import (
-    EXPIRY_GUARD,
     MAX_SERVER_TEXT,
     STORE_LOCK_TTL,
     STORE_POLL_MAX,
@@ -56,7 +55,7 @@ from ._errors import TokenRequestError
 from ._events import AuthEvent
 from ._provenance import Origin, Refusal
 from ._redact import redact_text
-from ._tokens import TokenFetcher, TokenResponse
+from ._token import TokenFetcher, TokenResponse, expiry_guard, renewal_margin
 
 _T = TypeVar("_T")
 
@@ -353,12 +352,11 @@ class SharedLevel:
             return False
         lifetime = stored.lifetime
         # Usable for a while, not for the moment it takes to be sent: two guards.
-        least = 2 * min(EXPIRY_GUARD, lifetime / 10)
+        least = 2 * expiry_guard(lifetime)
         if renewing is not None:
-            # A renewal ahead of expiry wants a token not due for renewal itself (by the
-            # manager's rule, see TokenManager._new_token); a process with no usable
-            # token takes any usable one, and renews it in the background as usual.
-            least = max(least, min(self._refresh_margin, lifetime / 2))
+            # A renewal ahead of expiry wants a token not due for renewal itself; a process
+            # with no usable token takes any usable one, and renews it in the background.
+            least = max(least, renewal_margin(self._refresh_margin, lifetime))
         # After a refusal, a token that replaced that very token (the fleet's shared token,
         # revoked: one renewal serves every process), or one requested after the refusal;
         # not one from before it, which the revocation behind it may have covered too (a

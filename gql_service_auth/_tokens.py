@@ -29,106 +29,21 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import _fork
-from ._constants import BEARER_SCHEME, EXPIRY_GUARD, RENEWAL_RETRY_MIN
+from ._constants import RENEWAL_RETRY_MIN
 from ._errors import TokenRequestError
 from ._events import AuthEvent, Emitter
 from ._loop_thread import close_own_loop
 from ._provenance import Origin, Refusal, refusal_fingerprint
 from ._redact import clear_locals
+from ._token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token
 
 if TYPE_CHECKING:
     from ._store import SharedLevel
-
-
-class Clock(Protocol):
-    """A monotonic clock in seconds, like :func:`time.monotonic`; injectable for tests."""
-
-    def __call__(self) -> float: ...
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class TokenResponse:
-    """A successful token endpoint answer (RFC 6749 section 5.1), already validated.
-
-    Attributes:
-        access_token: The token; never shown by ``repr``.
-        expires_in: Lifetime in seconds from the server, or ``None`` when it sent none.
-        token_type: The server's ``token_type``, or ``None``.
-        scope: The granted scope, or ``None``.
-        lifetime: Seconds the token was issued for, when that is more than
-            ``expires_in`` (a token read from a shared store part-way through its life);
-            renewal points are set from it, so every process renews at the same moment.
-    """
-
-    access_token: str
-    expires_in: float | None = None
-    token_type: str | None = None
-    scope: str | None = None
-    lifetime: float | None = None
-
-    def __repr__(self) -> str:
-        return (
-            f"TokenResponse(access_token='***', expires_in={self.expires_in!r}, "
-            f"token_type={self.token_type!r}, scope={self.scope!r}, lifetime={self.lifetime!r})"
-        )
-
-
-class TokenFetcher(Protocol):
-    """Obtains a new token from an authorization server.
-
-    Raises:
-        TokenRequestError: no token could be had; the fetcher has done its own retries.
-    """
-
-    def __call__(self) -> Awaitable[TokenResponse]: ...
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class AccessToken:
-    """A cached access token with the times, on the manager's clock, that rule its use.
-
-    Attributes:
-        value: The token itself; never shown by ``repr``.
-        generation: 1 for the first token a manager obtained, 2 for the next, and so on.
-        obtained_at: When the request that produced it was sent.
-        renew_at: From then on, requests still use it, while one renewal runs in the
-            background.
-        expires_at: When the server will stop accepting it, as far as we know.
-        usable_until: The last moment it is sent: ``expires_at`` less a guard against
-            clock skew and transit time (see ``EXPIRY_GUARD``). After that, a request
-            waits for a new token.
-    """
-
-    value: str = field(compare=False)
-    generation: int
-    obtained_at: float
-    renew_at: float
-    expires_at: float
-    usable_until: float = float("inf")
-
-    @property
-    def authorization(self) -> str:
-        """The ``Authorization`` header value for this token (contract method 2)."""
-        # Built per call: a cached copy would be one more place holding the token, for a
-        # saving of a fraction of a microsecond.
-        return f"{BEARER_SCHEME} {self.value}"
-
-    def __repr__(self) -> str:
-        return (
-            f"AccessToken(generation={self.generation}, obtained_at={self.obtained_at:.3f}, "
-            f"renew_at={self.renew_at:.3f}, expires_at={self.expires_at:.3f}, "
-            f"usable_until={self.usable_until:.3f}, value='***')"
-        )
-
-
-# Shown as gql_service_auth.AccessToken, where users import it from (see _errors.py).
-AccessToken.__module__ = "gql_service_auth"
-Clock.__module__ = "gql_service_auth"
 
 
 class RenewalSpent(Exception):
@@ -803,32 +718,10 @@ class TokenManager:
             flight.future.set_exception(error or TokenRequestError("the token fetch failed"))
 
     def _new_token(self, response: TokenResponse, started: float, generation: int) -> AccessToken:
-        lifetime = response.expires_in
-        if lifetime is not None and lifetime <= 0:
-            # A lifetime of 0 or less would make every request fetch a token. It says
-            # nothing usable, so it is treated as absent (and _run says so); a token that
-            # really is dead is caught by the reactive renewal.
-            lifetime = None
-        if lifetime is None:
-            lifetime = self._default_expires_in
-        # A token issued earlier (read from a shared store) keeps the renewal point and
-        # guard of its whole lifetime, as in the process that fetched it.
-        whole = max(response.lifetime or lifetime, lifetime)
-        # Renew ahead of expiry, so that the new token lands while the old one is still
-        # in use; but never before half the lifetime, so short tokens are still reused.
-        margin = min(self._refresh_margin, whole / 2)
-        # Never sent in its last moment: the API checks expiry on its own clock, when the
-        # request arrives. A tenth of the lifetime at most, so short tokens stay usable.
-        guard = min(EXPIRY_GUARD, whole / 10)
-        # Times count from when the request was sent, not when the answer came: the server
-        # started the lifetime somewhere in between, so this errs on the early side.
-        expires_at = started + lifetime
-        usable_until = expires_at - guard
-        return AccessToken(
-            value=response.access_token,
+        return access_token(
+            response,
+            started=started,
             generation=generation,
-            obtained_at=started,
-            renew_at=min(expires_at - margin, usable_until),
-            expires_at=expires_at,
-            usable_until=usable_until,
+            refresh_margin=self._refresh_margin,
+            default_expires_in=self._default_expires_in,
         )

@@ -69,8 +69,9 @@ from ._events import AuthEvent, Emitter, EventHook
 from ._oauth2 import AiohttpFormPoster, ClientAuthMethod, ClientCredentialsGrant, RetryPolicy
 from ._redact import clear_locals, redact_chain, redact_text
 from ._store import SharedLevel, TokenIdentity, TokenStore
+from ._token import AccessToken, Clock
 from ._token_session import TokenSessionArgs, resolve_token_session
-from ._tokens import AccessToken, Clock, RenewalPaused, RenewalSpent, TokenManager
+from ._tokens import RenewalPaused, RenewalSpent, TokenManager
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):

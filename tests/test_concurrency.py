@@ -10,7 +10,8 @@ from gql import Client
 from support import COUNT, execute_on_threads, wait_until
 
 from gql_service_auth import OAuth2Transport
-from gql_service_auth._tokens import TokenManager, TokenResponse
+from gql_service_auth._token import TokenResponse
+from gql_service_auth._tokens import TokenManager
 from gql_service_auth.emulator import Emulator, ManualClock
 
 
