@@ -28,10 +28,7 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_before_delay,
-    wait_exponential,
-    wait_random,
 )
-from tenacity.wait import wait_base
 from yarl import URL
 
 from ._constants import (
@@ -97,11 +94,15 @@ class RetryPolicy:
         if self.timeout == 0:
             raise ConfigurationError("RetryPolicy.timeout must be more than 0 seconds")
 
-    def backoff(self) -> wait_base:
-        """The tenacity wait strategy of this policy."""
-        return wait_exponential(multiplier=self.wait_initial, max=self.wait_max) + wait_random(
-            0, self.wait_jitter
-        )
+    def wait_before(self, attempt: int) -> float:
+        """Seconds to wait after the ``attempt``-th failed attempt (from 1), before the next.
+
+        ``wait_initial``, doubling up to ``wait_max``, plus up to ``wait_jitter`` at random;
+        a server's ``Retry-After`` may ask for more.
+        """
+        exponent = min(max(attempt - 1, 0), 64)  # 2**64 times any wait is past wait_max
+        wait = min(self.wait_initial * 2.0**exponent, self.wait_max)
+        return max(wait, 0.0) + random.uniform(0, self.wait_jitter)
 
     def pause_after(self, refusals: int) -> float:
         """Seconds renewals pause after ``refusals`` consecutive refused fresh tokens.
@@ -429,7 +430,7 @@ class ClientCredentialsGrant:
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
     def _wait(self, state: RetryCallState) -> float:
-        wait = float(self._policy.backoff()(state))
+        wait = self._policy.wait_before(state.attempt_number)
         outcome = state.outcome
         error = outcome.exception() if outcome is not None else None
         retry_after = getattr(error, "retry_after", None)

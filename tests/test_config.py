@@ -298,3 +298,14 @@ def test_a_refused_url_never_shows_its_password(url: str) -> None:
     chain = [caught.value, caught.value.__cause__, caught.value.__context__]
     assert not any("hunter2" in repr(error) for error in chain if error is not None)
     assert caught.value.__context__ is None
+
+
+def test_the_retry_backoff_doubles_up_to_its_cap_plus_jitter() -> None:
+    """wait_before(n): wait_initial, doubling up to wait_max, plus up to wait_jitter."""
+    policy = RetryPolicy(wait_initial=0.1, wait_max=1.0, wait_jitter=0)
+    assert [policy.wait_before(n) for n in range(1, 7)] == pytest.approx(
+        [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    )
+    assert policy.wait_before(10_000) == 1.0
+    jittered = RetryPolicy(wait_initial=0.1, wait_max=1.0, wait_jitter=0.5)
+    assert all(0.1 <= jittered.wait_before(1) <= 0.6 for _ in range(100))
