@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
@@ -119,3 +120,16 @@ def check_url(url: str | URL, *, what: str, allow_insecure_http: bool) -> None:
             f"refusing to send credentials over plain http to {parsed.host} ({what}): "
             "use an https:// URL, or pass allow_insecure_http=True if this network is trusted"
         )
+
+
+def check_seconds(name: str, value: object, *, positive: bool = False) -> None:
+    """Refuse ``value`` unless it is a finite number of seconds, at least 0 (or more)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        bound = "more than 0" if positive else "at least 0"
+        raise ConfigurationError(f"{name} must be a finite number of seconds, {bound}")

@@ -12,9 +12,11 @@ for debugging and drops only the credentials.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Final
+from typing import Any, Final, ParamSpec, TypeVar
 
 from aiohttp import ClientResponseError, RequestInfo
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -253,3 +255,43 @@ def _replace(value: object, needles: list[str], memo: dict[int, object]) -> obje
         result = CIMultiDictProxy(headers) if changed else value
     memo[id(value)] = result
     return result
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def forgets_on_error(method: Callable[_P, _T]) -> Callable[_P, _T]:
+    """``method`` (a function or a coroutine function), whose errors keep no secret in
+    their traceback's locals: the one boundary of the package's public entry points.
+
+    A constructor's arguments hold the client secret and a proxy's password; a request's
+    frames hold its ``Authorization`` header and answers that may quote it. An error keeps
+    every frame it went through, with their locals, in its traceback, and crash reporters
+    such as Sentry capture those. When the error reaches this boundary every frame below
+    it has finished: their locals are dropped here (see :func:`clear_locals`), and this
+    frame lets go of the arguments before re-raising. So the code below needs no ``del``.
+    """
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def forgetting_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await method(*args, **kwargs)
+            except BaseException as exc:
+                del args, kwargs
+                clear_locals(exc)
+                raise
+
+        return forgetting_async  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    def forgetting(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(*args, **kwargs)
+        except BaseException as exc:
+            del args, kwargs
+            clear_locals(exc)
+            raise
+
+    return forgetting

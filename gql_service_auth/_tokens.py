@@ -196,6 +196,10 @@ class TokenManager:
         #: The token the API refused last, until a new one lands: a shared store drops
         #: it, if it still holds it, rather than hand it back.
         self._refused: AccessToken | None = None
+        #: What the adapter kept of the last refusal that dropped a token (an HTTP 401
+        #: without a body, say), or None: a call that fails at once while renewals are
+        #: paused ends as that one did.
+        self.last_refusal: object = None
         #: The latest token refused (late refusals of replaced tokens too), and, for the
         #: tokens of the last few generations, when (time.monotonic()) each was requested
         #: and, for one read from a shared store, its origin: a request refused is not
@@ -395,7 +399,13 @@ class TokenManager:
         return None
 
     def confirm(self, token: AccessToken) -> None:
-        """Record that an answer accepted ``token``: refusals of fresh tokens stop counting."""
+        """Record that an answer accepted ``token``: refusals of fresh tokens stop counting.
+
+        Called on every accepted answer: the check before the lock costs a request next
+        to nothing, and a stale read of ``confirmed`` costs one locked call more.
+        """
+        if token.generation <= self.confirmed:
+            return
         with self._lock:
             self.confirmed = max(self.confirmed, token.generation)
             self._fresh_refusals = 0
@@ -432,18 +442,24 @@ class TokenManager:
             self._emit(AuthEvent("token_rejected"))
         return True
 
-    def invalidate(self, token: AccessToken) -> bool:
+    def invalidate(self, token: AccessToken, *, answer: object = None) -> bool:
         """Drop ``token`` because the API refused it, unless a newer one already replaced it.
 
         Many requests that fail with the same token cause one renewal: the first call
         drops it, the others find it already gone and renew nothing. A refused token that
         no answer had accepted counts towards the pause of renewals.
 
+        Args:
+            token: The token refused.
+            answer: What the adapter keeps of the refusal, to end calls made while
+                renewals are paused as this one ended (see :attr:`last_refusal`).
+
         Returns:
             Whether ``token`` was the cached token.
         """
         with self._lock:
             self._record_refusal(token)
+            self.last_refusal = answer
             if self._token is not token:
                 return False
             self._token = None

@@ -1,0 +1,196 @@
+"""aiohttp plumbing of the aiohttp transports, which the decision core never sees.
+
+Sessions per event loop, the files of each upload per task, the post arguments shared by
+the requests of one token, and what a forked child does with its parent's connectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from ssl import SSLContext
+from types import MappingProxyType
+from typing import Any, cast
+
+import aiohttp
+from aiohttp.client_reqrep import Fingerprint
+from aiohttp.typedefs import LooseCookies, LooseHeaders
+from gql.transport.aiohttp import AIOHTTPTransport
+from gql.transport.file_upload import FileVar
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from . import _fork
+from ._config import check_url
+from ._errors import ConfigurationError
+from ._token import AccessToken
+
+# gql's transport keeps the files of an upload in one attribute per transport, opened
+# before the request and closed in a `finally` after it: concurrent uploads closed each
+# other's files. Each asyncio task has its own context, so here each upload has its own.
+_UPLOAD_FILES: ContextVar[tuple[object, dict[str, FileVar]] | None] = ContextVar(
+    "gql_service_auth_upload_files", default=None
+)
+
+# Connectors a forked child inherited with its parent's sessions. Their sockets are the
+# parent's, registered in an epoll instance parent and child share: closing them here
+# would unregister them for the parent too. They stay referenced, unused, for the
+# child's life.
+_FORK_ORPHANS: list[aiohttp.BaseConnector] = []
+
+
+def with_authorization(extra_args: Mapping[str, Any] | None, authorization: str) -> dict[str, Any]:
+    """The aiohttp ``post`` arguments of one request, with its ``Authorization`` header.
+
+    Set per request, never on the shared session, so concurrent requests with different
+    tokens cannot see each other's header.
+    """
+    if not extra_args:
+        return {"headers": {"Authorization": authorization}}
+    args = dict(extra_args)
+    headers = CIMultiDict(args.get("headers") or {})
+    headers["Authorization"] = authorization
+    args["headers"] = headers
+    return args
+
+
+class SharedArgs:
+    """The aiohttp ``post`` arguments of every request sent with one token.
+
+    Built once per token, and shared by the requests that pass no ``extra_args``: building
+    a dict and a ``CIMultiDict`` per request cost more than the rest of this layer.
+    Read-only all the way down (aiohttp copies request headers into a new ``CIMultiDict``),
+    so concurrent requests cannot see each other's header; a new token gets new arguments.
+    Its ``repr`` hides the header, which ``vars(transport)`` would show.
+    """
+
+    __slots__ = ("args", "token")
+
+    def __init__(self, token: AccessToken) -> None:
+        #: The token these arguments carry; compared by identity.
+        self.token = token
+        headers = CIMultiDictProxy(CIMultiDict({"Authorization": token.authorization}))
+        # gql annotates extra_args as a dict, and only reads it.
+        self.args = cast("dict[str, Any]", MappingProxyType({"headers": headers}))
+
+    def __repr__(self) -> str:
+        return "<SharedArgs Authorization='***'>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("SharedArgs is rebuilt, not copied")
+
+
+class AuthenticatingTransport(AIOHTTPTransport):
+    """What both transports share: argument checks, sessions per event loop, copying."""
+
+    # The post arguments of the token last sent without extra_args (see SharedArgs).
+    _shared_args: SharedArgs | None = None
+
+    def __init__(
+        self,
+        url: str | URL,
+        headers: LooseHeaders | None,
+        cookies: LooseCookies | None,
+        auth: object,
+        ssl: SSLContext | bool | Fingerprint,
+        timeout: int | None,
+        ssl_close_timeout: int | float | None,
+        json_serialize: Callable[..., str],
+        json_deserialize: Callable[..., Any],
+        client_session_args: dict[str, Any] | None,
+        *,
+        allow_insecure_http: bool,
+    ) -> None:
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        if auth is not None:
+            raise ConfigurationError(
+                "auth= cannot be used with this transport: it sends its own Authorization "
+                "header, which aiohttp cannot combine with auth"
+            )
+        if headers and "Authorization" in CIMultiDict(headers):
+            raise ConfigurationError(
+                "headers must not contain Authorization: the transport sets it on every request"
+            )
+        check_url(url, what="url", allow_insecure_http=allow_insecure_http)
+        # gql annotates url as str, but keeps it as given and hands it to aiohttp, which
+        # takes a yarl.URL too: gql's own tests pass one (aiohttp's TestServer.make_url).
+        super().__init__(
+            url,  # type: ignore[arg-type]
+            headers=headers,
+            cookies=cookies,
+            ssl=ssl,
+            timeout=timeout,
+            ssl_close_timeout=ssl_close_timeout,
+            json_serialize=json_serialize,
+            json_deserialize=json_deserialize,
+            client_session_args=client_session_args,
+        )
+        _fork.reset_in_child(self)
+
+    def __repr__(self) -> str:
+        # getattr: a constructor that failed leaves an instance without url, which a
+        # debugger or a crash reporter may still show.
+        return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
+
+    # gql's sync Client.execute connects, executes and closes on the calling thread's event
+    # loop, so one transport serves several loops. An aiohttp session belongs to the loop
+    # it was made on: one per loop lets loops and threads share the transport (and so its
+    # token), and a loop handed to another thread keeps its session.
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        """The running event loop's aiohttp session, or ``None`` when it is not connected."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        return self._sessions.get(loop)
+
+    @session.setter
+    def session(self, value: aiohttp.ClientSession | None) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if value is None:
+                return  # gql's __init__ clears the session before any loop exists
+            raise
+        if value is None:
+            self._sessions.pop(loop, None)
+        else:
+            self._sessions[loop] = value
+
+    @property
+    def files(self) -> dict[str, FileVar]:
+        """The files of the upload the current task is sending (gql reads and sets it)."""
+        held = _UPLOAD_FILES.get()
+        return held[1] if held is not None and held[0] is self else {}
+
+    @files.setter
+    def files(self, value: dict[str, FileVar]) -> None:
+        _UPLOAD_FILES.set((self, value))
+
+    # pickle and copy.deepcopy copy the settings, never the sessions (bound to a loop), the
+    # last answer's headers nor a token's post arguments; the token manager drops its own
+    # runtime state.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_sessions"] = {}
+        state.pop("response_headers", None)
+        state.pop("_shared_args", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _fork.reset_in_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        for session in self._sessions.values():
+            connector = session.connector
+            session.detach()  # closed, as far as the session goes, with nothing shut down
+            if connector is not None:
+                # Its finalizer would close the parent's transports (above); marked closed,
+                # it leaves them alone. A private flag, the one aiohttp's own close() sets.
+                if hasattr(connector, "_closed"):
+                    connector._closed = True
+                _FORK_ORPHANS.append(connector)
+        self._sessions = {}

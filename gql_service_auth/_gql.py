@@ -1,0 +1,235 @@
+"""Glue every gql transport shares, whatever its HTTP stack.
+
+gql's requests are read off once (gql 3 style calls rewrite a shared request in place),
+its answers read into the decision core's :class:`~gql_service_auth._refusal.Answer`,
+its HTTP 401 errors kept as gql raised them, and the core's outcomes turned into the
+package's errors, scrubbed of every secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar, cast
+
+from gql.graphql_request import GraphQLRequest
+from gql.transport.exceptions import TransportError, TransportServerError
+from graphql import DocumentNode, ExecutionResult, OperationDefinitionNode
+
+from ._errors import (
+    ApiKeyRejectedError,
+    ApiKeyRejectedHTTPError,
+    UnauthenticatedError,
+    UnauthenticatedHTTPError,
+)
+from ._flow import Paused, Refused, Sent
+from ._redact import clear_locals, redact_chain, redact_text
+from ._refusal import (
+    BARE_401,
+    Answer,
+    api_key_message,
+    exhausted_message,
+    is_refusal,
+    not_resent_message,
+    paused_message,
+    refusal_message,
+)
+
+_T = TypeVar("_T")
+
+# What a request sends, read off gql's GraphQLRequest before the first await: gql 3
+# style calls (execute(doc, variable_values=...)) rewrite a shared request in place.
+Snapshot = tuple[DocumentNode, "dict[str, Any] | None", "str | None", "dict[str, Any] | None"]
+
+
+def snapshot(request: GraphQLRequest) -> Snapshot:
+    """What ``request`` sends, copied so that later changes to it are not sent."""
+    variables, extensions = request.variable_values, request.extensions
+    return (
+        request.document,
+        _copied(variables) if variables else variables,
+        request.operation_name,
+        _copied(extensions) if extensions else extensions,
+    )
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with its dicts, lists and tuples copied, so the caller's changes miss it.
+
+    Leaves are kept as they are: a ``FileVar`` must stay the object whose stream is sent.
+    A part shared twice is copied once, and a cycle stays a cycle, which the serializer
+    then refuses as it would the original; nesting too deep to copy is sent as it is.
+    """
+    try:
+        return _copy_into(value, {})
+    except RecursionError:
+        return value
+
+
+def _copy_into(value: Any, memo: dict[int, Any]) -> Any:
+    if not isinstance(value, (dict, list, tuple)):
+        return value
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, dict):
+        copied: dict[Any, Any] = {}
+        memo[id(value)] = copied
+        for key, item in value.items():
+            copied[key] = _copy_into(item, memo)
+        return copied
+    items: list[Any] = []
+    memo[id(value)] = items
+    for item in value:
+        items.append(_copy_into(item, memo))
+    if isinstance(value, tuple):
+        memo[id(value)] = result = tuple(items)  # a cycle through a tuple keeps the list
+        return result
+    return items
+
+
+def rebuild(snapshot: Snapshot) -> GraphQLRequest:
+    """A new request that sends what ``snapshot`` holds."""
+    document, variables, operation_name, extensions = snapshot
+    return GraphQLRequest(
+        document, variable_values=variables, operation_name=operation_name, extensions=extensions
+    )
+
+
+def is_query(snapshot: Snapshot) -> bool:
+    """Whether the operation a request runs is a query, which has no side effects."""
+    document, _, operation_name, _ = snapshot
+    operations = [
+        d
+        for d in document.definitions
+        if isinstance(d, OperationDefinitionNode)
+        and (not operation_name or (d.name is not None and d.name.value == operation_name))
+    ]
+    return len(operations) == 1 and operations[0].operation.value == "query"
+
+
+class Bare401:
+    """An HTTP 401 without a GraphQL body: gql's error for it, rid of credentials.
+
+    Kept so that the error that ends the request carries gql's message, ``code`` and
+    chain, as code written for gql's transport expects (see :func:`http_401`).
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: TransportServerError) -> None:
+        self.error = error
+
+
+def bare_401(exc: TransportError, secrets: Sequence[str]) -> Bare401:
+    """Accept an HTTP 401 without a GraphQL body as a refusal; re-raise anything else.
+
+    Call it from the ``except`` block. Whatever is raised keeps the stack's record of the
+    request in its chain, and what the server echoed, so the chain is first rid of the
+    credential headers and of ``secrets`` (see :mod:`gql_service_auth._redact`).
+    """
+    redact_chain(exc, secrets)
+    clear_locals(exc)  # gql's post_args and the stack's headers hold the credential
+    if isinstance(exc, TransportServerError) and exc.code == 401:
+        return Bare401(exc)
+    raise exc
+
+
+def sent(raw: ExecutionResult | Bare401) -> Sent[ExecutionResult | Bare401]:
+    """A single request's answer, read for the decision."""
+    if isinstance(raw, Bare401):
+        return Sent(BARE_401, raw)
+    return Sent(Answer.of_results(((raw.errors, raw.data),)), raw)
+
+
+def sent_batch(
+    raw: list[ExecutionResult] | Bare401,
+) -> Sent[list[ExecutionResult] | Bare401]:
+    """A batch's answer, read for the decision."""
+    if isinstance(raw, Bare401):
+        return Sent(BARE_401, raw)
+    return Sent(Answer.of_results((r.errors, r.data) for r in raw), raw)
+
+
+_HTTPErrorT = TypeVar("_HTTPErrorT", bound=UnauthenticatedHTTPError)
+
+
+def http_401(kind: type[_HTTPErrorT], bare: Bare401, explanation: str) -> _HTTPErrorT:
+    """The error that ends a request refused with a bare HTTP 401.
+
+    gql's message comes first, as code written for gql's transport may match it
+    (``"401, message='Unauthorized'"``); gql's error, already rid of credentials, is
+    the cause. Set here rather than by ``raise ... from``: the callers raise it outside
+    their ``except`` blocks, to keep internal signals out of the chain.
+    """
+    error = kind(f"{bare.error}: {explanation}")
+    error.__cause__ = bare.error
+    return error
+
+
+def scrubbed(answer: _T, secrets: list[str]) -> _T:
+    """``answer`` (one result or a batch's) with credentials scrubbed from its errors.
+
+    An answer that is not a refusal goes back to gql, whose client raises
+    ``TransportQueryError`` for its ``errors``, with the first as message: a service that
+    quotes the API key or the token it was sent in another error (``FORBIDDEN``...) must
+    not put it there. Answers without errors are left alone, untouched and uncopied.
+    """
+    for result in answer if isinstance(answer, list) else (answer,):
+        if isinstance(result, ExecutionResult) and result.errors:
+            result.errors = cast(Any, redact_text(result.errors, secrets))
+            result.data = cast(Any, redact_text(result.data, secrets))
+            result.extensions = cast(Any, redact_text(result.extensions, secrets))
+    return answer
+
+
+def _parts(raw: object, secrets: list[str]) -> tuple[list[Any] | None, Any, Any]:
+    """The ``errors``, ``data`` and ``extensions`` of a refusal, with any secret scrubbed."""
+    if isinstance(raw, list):
+        raw = next((r for r in raw if is_refusal(r.errors)), None)
+    if not isinstance(raw, ExecutionResult):
+        return None, None, None
+    errors = redact_text(raw.errors, secrets)
+    return (
+        errors if isinstance(errors, list) else None,
+        redact_text(raw.data, secrets),
+        redact_text(raw.extensions, secrets),
+    )
+
+
+def refused_error(outcome: Refused[Any], secrets: list[str]) -> UnauthenticatedError:
+    """The error that ends a request the service refused (OAuth2)."""
+    answer, raw = outcome.last.answer, outcome.last.raw
+    if outcome.reason is None:
+        message = exhausted_message(answer, outcome.renewals)
+    else:
+        message = not_resent_message(answer, outcome.reason, dropped=outcome.dropped)
+    if isinstance(raw, Bare401):
+        return http_401(UnauthenticatedHTTPError, raw, message)
+    errors, data, extensions = _parts(raw, secrets)
+    return UnauthenticatedError(message, errors=errors, data=data, extensions=extensions)
+
+
+def paused_error(paused: Paused, last_refusal: object) -> UnauthenticatedError:
+    """The error of a call that fails at once while renewals are paused.
+
+    When the refusals that caused the pause were bare HTTP 401s (``last_refusal``), it is
+    gql's 401 error too, as the calls that met them ended: code written for gql catches
+    both alike.
+    """
+    message = paused_message(paused.refusals, paused.remaining)
+    if isinstance(last_refusal, Bare401):
+        return http_401(UnauthenticatedHTTPError, last_refusal, message)
+    return UnauthenticatedError(message)
+
+
+def api_key_error(raw: object, secrets: list[str]) -> ApiKeyRejectedError:
+    """The error of a request that the service refused the API key for."""
+    if isinstance(raw, Bare401):
+        return http_401(ApiKeyRejectedHTTPError, raw, api_key_message(BARE_401, None))
+    # The service may quote the key it refused; the error must not.
+    errors, data, extensions = _parts(raw, secrets)
+    return ApiKeyRejectedError(
+        api_key_message(Answer(1, 1, False, False), refusal_message(errors)),
+        errors=errors,
+        data=data,
+        extensions=extensions,
+    )

@@ -1,0 +1,105 @@
+"""An OAuth2 transport's settings, checked, and the token manager they make, for any stack.
+
+The adapter brings what is its own: how the token request is posted (a
+:class:`~gql_service_auth._oauth2.FormPoster`). Everything else is decided here once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from ._config import check_seconds
+from ._constants import FETCH_GRACE
+from ._credentials import ClientCredentials
+from ._errors import ConfigurationError
+from ._events import Emitter
+from ._oauth2 import ClientAuthMethod, ClientCredentialsGrant, FormPoster, RetryPolicy
+from ._store import SharedLevel, TokenIdentity, TokenStore
+from ._token import Clock
+from ._tokens import TokenManager
+
+if TYPE_CHECKING:
+    from yarl import URL
+
+_STORE_METHODS = ("load", "save", "discard", "lock", "unlock", "failure")
+
+
+def check_renewal_settings(
+    *, refresh_margin: object, default_expires_in: object, max_renewals: object
+) -> None:
+    """Refuse renewal settings that are not numbers in their range, naming the setting."""
+    check_seconds("refresh_margin", refresh_margin)
+    check_seconds("default_expires_in", default_expires_in, positive=True)
+    if isinstance(max_renewals, bool) or not isinstance(max_renewals, int) or max_renewals < 0:
+        raise ConfigurationError("max_renewals must be an int of at least 0")
+
+
+def joined_scope(scope: str | Sequence[str] | None) -> str | None:
+    """``scope`` as the token request sends it: one string, space-delimited (RFC 6749 3.3)."""
+    if scope is None or isinstance(scope, str):
+        return scope
+    return " ".join(scope)
+
+
+def token_manager(
+    token_url: str | URL,
+    credentials: ClientCredentials,
+    *,
+    post: FormPoster,
+    scope: str | None,
+    token_params: Mapping[str, str] | None,
+    token_auth_method: ClientAuthMethod,
+    refresh_margin: float,
+    default_expires_in: float,
+    policy: RetryPolicy,
+    emit: Emitter,
+    clock: Clock | None,
+    token_store: TokenStore | None,
+) -> TokenManager:
+    """The token manager of one transport: the grant, and the shared store under it."""
+    params = dict(token_params or {})
+    grant = ClientCredentialsGrant(
+        token_url,
+        credentials,
+        scope=scope,
+        extra_params=params,
+        auth_method=token_auth_method,
+        policy=policy,
+        post=post,
+        emit=emit,
+    )
+    shared = None
+    if token_store is not None:
+        for method in _STORE_METHODS:
+            if not callable(getattr(token_store, method, None)):
+                raise ConfigurationError(
+                    f"token_store must be a TokenStore; {type(token_store).__name__} "
+                    f"has no {method}()"
+                )
+        shared = SharedLevel(
+            token_store,
+            TokenIdentity.of(
+                token_url=str(token_url),
+                client_id=credentials.client_id,
+                client_secret=credentials.client_secret,
+                scope=scope,
+                token_params=params,
+                auth_method=token_auth_method,
+            ),
+            refresh_margin=float(refresh_margin),
+            default_expires_in=float(default_expires_in),
+            emit=emit,
+        )
+    return TokenManager(
+        grant,
+        refresh_margin=float(refresh_margin),
+        default_expires_in=float(default_expires_in),
+        fetch_timeout=policy.timeout + FETCH_GRACE,
+        cooldown=policy.pause_after,
+        max_attempts=policy.attempts,
+        clock=clock or time.monotonic,
+        emit=emit,
+        shared=shared,
+    )
