@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._aiohttp_token_session import TokenSessionArgs
     from ._errors import (
         ApiKeyRejectedError,
         ApiKeyRejectedHTTPError,
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
     from ._oauth2 import ClientAuthMethod, RetryPolicy
     from ._store import StoredToken, TokenIdentity, TokenStore
     from ._token import AccessToken, Clock
-    from ._token_session import TokenSessionArgs
     from .transports import (
         AIOHTTPTransportOptions,
         ApiKeyOptions,
@@ -52,7 +52,7 @@ _HOMES: dict[str, str] = {
     "TokenIdentity": "_store",
     "TokenStore": "_store",
     "TokenRequestError": "_errors",
-    "TokenSessionArgs": "_token_session",
+    "TokenSessionArgs": "_aiohttp_token_session",
     "UnauthenticatedError": "_errors",
     "UnauthenticatedHTTPError": "_errors",
 }

@@ -21,7 +21,10 @@ from gql.transport.file_upload import FileVar
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from . import _fork
+from . import (
+    _aiohttp_redact,  # noqa: F401 - registers how aiohttp errors are scrubbed
+    _fork,
+)
 from ._config import check_url
 from ._errors import ConfigurationError
 from ._token import AccessToken

@@ -1,13 +1,12 @@
 """The OAuth 2.0 client-credentials grant (RFC 6749 section 4.4) as a token fetcher.
 
 The grant builds the request, reads the answer and retries transient failures; sending
-the bytes is left to a :class:`FormPoster`, so another HTTP library can be plugged in.
-:class:`AiohttpFormPoster` is the one the aiohttp transport uses.
+the bytes is left to a :class:`FormPoster`, so another HTTP library can be plugged in
+(the aiohttp one is in ``_aiohttp_token_session.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import random
@@ -15,13 +14,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from ssl import SSLContext
 from typing import Literal, Protocol, TypeAlias
 from urllib.parse import quote_plus
 
-import aiohttp
-from aiohttp.client_reqrep import Fingerprint
-from multidict import CIMultiDict
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -44,9 +39,7 @@ from ._constants import (
 from ._credentials import ClientCredentials
 from ._errors import ConfigurationError, TokenRequestError
 from ._events import AuthEvent, Emitter
-from ._redact import redact_chain, redact_text
 from ._token import TokenResponse
-from ._token_session import TokenSession
 
 ClientAuthMethod: TypeAlias = Literal["client_secret_post", "client_secret_basic"]
 """How the client authenticates at the token endpoint (RFC 6749 section 2.3.1 names).
@@ -150,99 +143,7 @@ class FormPoster(Protocol):
     ) -> FormAnswer: ...
 
 
-class AiohttpFormPoster:
-    """Posts the token request in a short-lived aiohttp session of its own.
-
-    A session of its own keeps the user's default headers, cookies and ``auth`` of the
-    GraphQL session away from the authorization server. One session per fetch costs a
-    connection per token, which is rare, and binds nothing to an event loop between
-    fetches, so tokens can be fetched from any loop or thread.
-
-    Args:
-        ssl: As aiohttp's ``ssl``: the same verification settings as the GraphQL endpoint.
-        session: The session's proxy, ``trust_env``, connector factory and options;
-            ``None`` for aiohttp's defaults (direct, environment ignored).
-    """
-
-    def __init__(
-        self, *, ssl: SSLContext | bool | Fingerprint = True, session: TokenSession | None = None
-    ) -> None:
-        self._ssl = ssl
-        self._session = session or TokenSession()
-
-    def __repr__(self) -> str:
-        return f"<AiohttpFormPoster {self._session!r}>"
-
-    def secrets(self) -> list[str]:
-        """The proxy credentials a request may carry, which an answer may quote back."""
-        return self._session.secrets()
-
-    async def __call__(
-        self, url: str | URL, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
-    ) -> FormAnswer:
-        settings = self._session
-        settings.check_environment(url)
-        try:
-            async with (
-                aiohttp.ClientSession(
-                    connector=settings.make_connector(),
-                    timeout=aiohttp.ClientTimeout(total=timeout),
-                    trust_env=settings.trust_env,
-                    **settings.options,
-                ) as session,
-                session.post(
-                    url,
-                    data=dict(form),
-                    headers=dict(headers),
-                    ssl=self._ssl,
-                    proxy=settings.proxy,
-                    allow_redirects=False,
-                ) as response,
-            ):
-                # read(n) returns what has arrived so far, which may be a fraction of a
-                # small body: read to the end, stopping once past the cap.
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(16 * 1024):
-                    body += chunk
-                    if len(body) > MAX_TOKEN_RESPONSE_BYTES:
-                        break
-                return FormAnswer(response.status, CIMultiDict(response.headers), bytes(body))
-        except UnicodeEncodeError as exc:
-            # aiohttp encodes proxy credentials as latin-1 (those of HTTP_PROXY with
-            # trust_env; explicit ones were checked when the transport was built), and the
-            # error's arguments hold the whole "user:password" it could not encode.
-            redact_chain(exc)
-            raise TokenRequestError(
-                "could not encode the token request (UnicodeEncodeError)",
-                hint=(
-                    "Proxy credentials (in HTTP_PROXY/HTTPS_PROXY with trust_env, or in "
-                    "~/.netrc) must be latin-1 text, as HTTP Basic sends them"
-                ),
-            ) from exc
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            # aiohttp's records of the request (kept for the chain) hold the Basic header
-            # of client_secret_basic, and a malformed answer may quote what it was sent;
-            # a proxy's error may quote its own credentials.
-            sent = _sent_credentials(form, headers) + self.secrets()
-            redact_chain(exc, sent)
-            detail = str(redact_text(str(exc), sent)) or "timed out"
-            del sent
-            proxied = isinstance(
-                exc, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)
-            )
-            raise TokenRequestError(
-                f"could not reach the token endpoint ({type(exc).__name__}: {detail})",
-                retryable=True,
-                hint=(
-                    "Check the token request's proxy (token_proxy, token_session_args, or "
-                    "HTTP_PROXY/HTTPS_PROXY with trust_env) and its credentials"
-                    if proxied
-                    else "Check token_url and the network; this is retried within RetryPolicy"
-                ),
-            ) from exc
-
-
-def _sent_credentials(form: Mapping[str, str], headers: Mapping[str, str]) -> list[str]:
+def secrets_sent(form: Mapping[str, str], headers: Mapping[str, str]) -> list[str]:
     """Every form in which a token request carries the client's secret."""
     secret = form.get("client_secret", "")
     authorization = headers.get("Authorization", "")

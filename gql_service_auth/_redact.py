@@ -1,12 +1,13 @@
-"""Keeping credentials out of exceptions: aiohttp's request records and echoed text.
+"""Keeping credentials out of exceptions: HTTP stacks' request records and echoed text.
 
-aiohttp's ``ClientResponseError`` (and its subclasses ``TooManyRedirects``,
-``ContentTypeError``...) carries a ``RequestInfo`` whose ``headers`` are the request's,
-``Authorization`` included; its ``repr`` and ``vars()`` show them, and its message shows
-the URL of a proxy, password included. gql chains such errors as the cause of
-``TransportServerError`` and ``TransportConnectionFailed``, and crash reporters walk
-chains. Redacting the record in place keeps the chain (the URL, the status, the message)
-for debugging and drops only the credentials.
+An HTTP stack's errors may keep a record of the request: aiohttp's ``ClientResponseError``
+(and its subclasses) carries a ``RequestInfo`` whose ``headers`` are the request's,
+``Authorization`` included, and whose URL may hold a proxy's password. gql chains such
+errors as the cause of ``TransportServerError`` and ``TransportConnectionFailed``, and
+crash reporters walk chains. Redacting the record in place keeps the chain (the URL, the
+status, the message) for debugging and drops only the credentials. Each stack's adapter
+registers how its records are scrubbed (:func:`register`; aiohttp's is in
+``_aiohttp_redact.py``), so this module knows no HTTP stack.
 """
 
 from __future__ import annotations
@@ -16,16 +17,15 @@ import functools
 import inspect
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import Any, Final, ParamSpec, Protocol, TypeVar
 
-from aiohttp import ClientResponseError, RequestInfo
 from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
 REDACTED: Final = "***"
 """What stands where a credential was."""
 
-_SENSITIVE_HEADERS: Final = ("Authorization", "Proxy-Authorization", "Cookie")
+SENSITIVE_HEADERS: Final = ("Authorization", "Proxy-Authorization", "Cookie")
+"""Request headers that carry credentials."""
 
 
 def _chain(
@@ -46,40 +46,29 @@ def _chain(
         pending += [e for e in (link.__cause__, link.__context__) if e is not None]
 
 
-def _redacted_info(info: RequestInfo) -> RequestInfo:
-    # A proxy's password sits in the URL of the CONNECT request aiohttp records (its
-    # real_url), which ClientHttpProxyError's message shows.
-    if not (
-        any(name in info.headers for name in _SENSITIVE_HEADERS)
-        or info.url.password
-        or info.real_url.password
-    ):
-        return info
-    headers = CIMultiDict(info.headers)
-    for name in _SENSITIVE_HEADERS:
-        if name in headers:
-            headers[name] = REDACTED
-    return RequestInfo(
-        _redacted_url(info.url),
-        info.method,
-        CIMultiDictProxy(headers),
-        _redacted_url(info.real_url),
-    )
+class RecordScrubber(Protocol):
+    """How an HTTP stack's exceptions keep a record of the request, and how to scrub it.
+
+    An adapter registers one (:func:`register`) for its stack's exceptions: their records
+    of a request hold its headers, and URLs with a proxy's password in them.
+    """
+
+    def passwords(self, link: BaseException) -> list[str]:
+        """The passwords in ``link``'s record of a request, to scrub wherever they show."""
+        ...
+
+    def scrub(self, link: BaseException) -> None:
+        """Blank the credential headers and passwords of ``link``'s record, in place."""
+        ...
 
 
-def _passwords(link: BaseException) -> list[str]:
-    """The passwords in the URLs of aiohttp's record of a request (a proxy's)."""
-    if not isinstance(link, ClientResponseError):
-        return []
-    try:
-        urls = (link.request_info.url, link.request_info.real_url)
-        return [p for url in urls for p in (url.password, url.raw_password) if p]
-    except Exception:  # an odd record, made by the caller's code
-        return []
+_SCRUBBERS: list[RecordScrubber] = []
 
 
-def _redacted_url(url: URL) -> URL:
-    return url.with_password(REDACTED) if url.password else url
+def register(scrubber: RecordScrubber) -> None:
+    """Have :func:`redact_chain` scrub the records of a stack's exceptions too."""
+    if scrubber not in _SCRUBBERS:
+        _SCRUBBERS.append(scrubber)
 
 
 def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
@@ -93,17 +82,13 @@ def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
     """
     # A proxy password in aiohttp's record is also in the messages made from it, such as
     # gql's TransportConnectionFailed, higher up the chain.
-    needles = [s for s in secrets if s] + [p for link in _chain(exc) for p in _passwords(link)]
+    needles = [s for s in secrets if s] + [
+        p for link in _chain(exc) for scrubber in _SCRUBBERS for p in scrubber.passwords(link)
+    ]
     for link in _chain(exc):
         try:
-            if isinstance(link, ClientResponseError):
-                link.request_info = _redacted_info(link.request_info)
-                link.args = tuple(
-                    _redacted_info(a) if isinstance(a, RequestInfo) else a for a in link.args
-                )
-                for response in link.history:
-                    # The record a redirect's response keeps of the request behind it.
-                    response._request_info = _redacted_info(response.request_info)
+            for scrubber in _SCRUBBERS:
+                scrubber.scrub(link)
             if isinstance(link, UnicodeEncodeError) and _raised_and_handled_in_libraries(link):
                 _mask_unencodable(link)
             if needles:

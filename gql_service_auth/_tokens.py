@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _fork
-from ._constants import RENEWAL_RETRY_MIN
+from ._constants import FETCH_GRACE, RENEWAL_RETRY_MIN
 from ._errors import TokenRequestError
 from ._events import AuthEvent, Emitter
+from ._flight import Flight, fetch_failure, wait_async, wait_blocking
 from ._loop_thread import close_own_loop
 from ._provenance import Origin, Refusal, refusal_fingerprint
 from ._redact import clear_locals
@@ -69,58 +68,17 @@ class RenewalPaused(Exception):
         self.refusals = refusals
 
 
-@dataclass(eq=False, slots=True)
-class _Flight:
-    """One token fetch in progress, awaitable from any event loop."""
+_Steps = Generator[Flight, AccessToken, AccessToken]
 
-    future: concurrent.futures.Future[AccessToken]
-    reason: str
-    #: Runs on its caller's loop, for that caller only (no thread could be started).
-    private: bool = False
-
-
-def _settle(waiter: asyncio.Future[AccessToken], done: concurrent.futures.Future[Any]) -> None:
-    # Runs on the waiter's loop. A waiter cancelled meanwhile is left alone, so no
-    # exception is ever set on a future that nobody will read.
-    if waiter.done():
-        return
-    error = done.exception()
-    if error is None:
-        waiter.set_result(done.result())
-    else:
-        waiter.set_exception(_own_copy(error))
-
-
-def _own_copy(error: BaseException) -> BaseException:
-    """A copy of a fetch's error for one waiter.
-
-    Raising one object in many callers would give it the ``__context__`` of whichever
-    raised it last, so one caller's exception in flight would show in another's chain.
-    Built without calling ``__init__``, which subclasses may give other arguments.
-    """
-    cls = type(error)
-    try:
-        clone = cls.__new__(cls, *error.args)
-        clone.args = error.args
-        clone.__dict__.update(vars(error))
-    except Exception:  # pragma: no cover - an exception type that cannot be copied
-        return error
-    notes = getattr(error, "__notes__", None)
-    if isinstance(notes, list):
-        clone.__notes__ = list(notes)  # type: ignore[attr-defined]
-    clone.__cause__ = error.__cause__
-    clone.__suppress_context__ = error.__suppress_context__
-    return clone.with_traceback(error.__traceback__)
+_MAX_STEPS = 4
+"""Fetches one call may wait for: its own, an upload's renewal of it, and both again when a
+token read from a shared store turns out older than the refusal it was to answer."""
 
 
 def _default_renewal_backoff(failures: int) -> float:
     # 5 s, 10 s, 20 s...: a token endpoint that failed a whole fetch, retries included, is
     # not asked again at once; the manager also tries before the token is no longer usable.
     return min(5.0 * 2.0 ** (failures - 1), 300.0)
-
-
-_POLL_INTERVAL = 0.05
-"""Seconds between a waiter's own checks of a fetch, besides the fetch's wake-up call."""
 
 
 class TokenManager:
@@ -179,32 +137,39 @@ class TokenManager:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._token: AccessToken | None = None
-        self._flight: _Flight | None = None
+        self._flight: Flight | None = None
         self._generation = 0
-        self._rejected = False
-        #: Generation of the newest token an answer accepted; read without the lock on
-        #: the per-request path, where a stale read costs one extra confirm() call.
+        #: The state of refusals, each named for what it answers:
+        #: - a refusal dropped the token, and the next fetch renews for it ("rejected");
+        self._renewing_after_refusal = False
+        #: - the newest generation an answer accepted (read without the lock on the
+        #:   per-request path, where a stale read costs one extra confirm() call);
         self.confirmed = 0
-        self._fresh_refusals = 0
-        self._paused_until = 0.0  # time.monotonic(): a rate limit in real time
-        self._renew_for_refusal_while_running = False
-        self._renewed_for_refusal_while_running = 0  # that token's generation
+        #: - tokens refused in a row before any answer accepted them, and until when
+        #:   (time.monotonic(): a rate limit in real time) renewals pause for them;
+        self._unconfirmed_refusals = 0
+        self._renewals_paused_until = 0.0
+        #: - a token was dropped for a refusal while an operation ran: the next token to
+        #:   land is the one renewed for it (its generation), which such a refusal does
+        #:   not drop again before an answer accepts it.
+        self._next_token_answers_running_refusal = False
+        self._generation_renewed_for_running_refusal = 0
         #: Background renewals that failed in a row, and when (manager's clock) the next
         #: may start; read without the lock on the per-request path, past renew_at only.
         self._renewal_failures = 0
         self._next_renewal = 0.0
         #: The token the API refused last, until a new one lands: a shared store drops
         #: it, if it still holds it, rather than hand it back.
-        self._refused: AccessToken | None = None
+        self._refused_token: AccessToken | None = None
         #: What the adapter kept of the last refusal that dropped a token (an HTTP 401
         #: without a body, say), or None: a call that fails at once while renewals are
         #: paused ends as that one did.
-        self.last_refusal: object = None
+        self.refusal_answer: object = None
         #: The latest token refused (late refusals of replaced tokens too), and, for the
         #: tokens of the last few generations, when (time.monotonic()) each was requested
         #: and, for one read from a shared store, its origin: a request refused is not
         #: sent again with a stored token that the same revocation may have covered.
-        self._refusal: Refusal | None = None
+        self._latest_refusal: Refusal | None = None
         self._requested: dict[int, float] = {}
         self._origins: dict[int, Origin] = {}
 
@@ -297,7 +262,7 @@ class TokenManager:
 
     def pause_remaining(self) -> float:
         """Seconds until renewals resume after refused fresh tokens; 0 when not paused."""
-        return max(self._paused_until - time.monotonic(), 0.0)
+        return max(self._renewals_paused_until - time.monotonic(), 0.0)
 
     async def get(self, *, min_ttl: float = 0.0, after: int = 0) -> AccessToken:
         """A token to use now: the cached one while usable, else a new one.
@@ -320,7 +285,48 @@ class TokenManager:
             RenewalSpent: the renewal after ``after`` was refused too.
             RenewalPaused: fresh tokens keep being refused; no fetch is started now.
         """
-        token = await self._get(min_ttl, after)
+        steps = self._steps(min_ttl, after)
+        try:
+            flight = next(steps)
+            for _ in range(_MAX_STEPS):
+                try:
+                    token = await self._outcome(flight)
+                except TokenRequestError as error:
+                    flight = steps.throw(error)
+                else:
+                    flight = steps.send(token)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            steps.close()
+        raise AssertionError("unreachable: a call waits for at most four fetches")
+
+    def get_blocking(self, *, min_ttl: float = 0.0, after: int = 0) -> AccessToken:
+        """:meth:`get` for code without an event loop: blocks the calling thread.
+
+        The same rules, the same single fetch shared with every caller (coroutines and
+        threads alike); each wait is bounded by the fetch's own deadline.
+        """
+        steps = self._steps(min_ttl, after)
+        try:
+            flight = next(steps)
+            for _ in range(_MAX_STEPS):
+                try:
+                    token = self._outcome_blocking(flight)
+                except TokenRequestError as error:
+                    flight = steps.throw(error)
+                else:
+                    flight = steps.send(token)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            steps.close()
+        raise AssertionError("unreachable: a call waits for at most four fetches")
+
+    def _steps(self, min_ttl: float, after: int) -> _Steps:
+        """What :meth:`get` decides, as steps: each fetch yielded is waited for by the
+        caller's driver, which sends back its token or throws in its error."""
+        token = yield from self._get_steps(min_ttl, after)
         if after and self.standing(token) == "older":
             # Read from a shared store by a renewal that began before the refusal: the
             # revocation behind the refusal may have covered it too. Renewed once more,
@@ -328,11 +334,11 @@ class TokenManager:
             with self._lock:
                 if self._token is token:
                     self._token = None
-                    self._rejected = True
-            token = await self._get(min_ttl, token.generation)
+                    self._renewing_after_refusal = True
+            token = yield from self._get_steps(min_ttl, token.generation)
         return token
 
-    async def _get(self, min_ttl: float, after: int) -> AccessToken:
+    def _get_steps(self, min_ttl: float, after: int) -> _Steps:
         token = self.fresh(min_ttl)
         if token is not None and token.generation > after:
             return token
@@ -348,15 +354,20 @@ class TokenManager:
                 if fallback is not None:
                     return fallback
             if flight is None:
-                if self._rejected and token is None and after and self._generation > after:
+                if (
+                    self._renewing_after_refusal
+                    and token is None
+                    and after
+                    and self._generation > after
+                ):
                     raise RenewalSpent
                 remaining = self.pause_remaining()
-                if self._rejected and remaining > 0:
-                    raise RenewalPaused(remaining, self._fresh_refusals)
+                if self._renewing_after_refusal and remaining > 0:
+                    raise RenewalPaused(remaining, self._unconfirmed_refusals)
                 flight = self._take_off(token)
                 assert flight is not None  # a foreground flight always takes off
         try:
-            token = await self._outcome(flight)
+            token = yield flight
         except TokenRequestError:
             fallback = self._fallback(after) if min_ttl else None
             if fallback is None:
@@ -366,10 +377,10 @@ class TokenManager:
         if min_ttl and not self._usable(token, min_ttl) and self._clock() >= token.renew_at:
             # Read from a shared store, due for renewal already: a caller that needs more
             # lifetime waits for its renewal (or gets it back, if that fails). Once.
-            return await self._renewed(token, min_ttl, after)
+            return (yield from self._renewed_steps(token, min_ttl, after))
         return token
 
-    async def _renewed(self, token: AccessToken, min_ttl: float, after: int) -> AccessToken:
+    def _renewed_steps(self, token: AccessToken, min_ttl: float, after: int) -> _Steps:
         with self._lock:
             flight = self._flight
             if flight is None:
@@ -378,18 +389,24 @@ class TokenManager:
                 flight = self._take_off(token)
                 assert flight is not None
         try:
-            return await self._outcome(flight)
+            return (yield flight)
         except TokenRequestError:
             fallback = self._fallback(after)
             if fallback is None:
                 raise
         return fallback
 
-    async def _outcome(self, flight: _Flight) -> AccessToken:
+    async def _outcome(self, flight: Flight) -> AccessToken:
         if flight.private:
             await self._fly(flight)
             return flight.future.result()
-        return await self._wait(flight)
+        return await wait_async(flight)
+
+    def _outcome_blocking(self, flight: Flight) -> AccessToken:
+        if flight.private:
+            self._run(flight)
+            return flight.future.result()
+        return wait_blocking(flight, self._fetch_timeout + FETCH_GRACE)
 
     def _fallback(self, after: int) -> AccessToken | None:
         """The token in hand, if still usable and newer than ``after``, else ``None``."""
@@ -408,8 +425,8 @@ class TokenManager:
             return
         with self._lock:
             self.confirmed = max(self.confirmed, token.generation)
-            self._fresh_refusals = 0
-            self._paused_until = 0.0
+            self._unconfirmed_refusals = 0
+            self._renewals_paused_until = 0.0
 
     def refused_while_running(self, token: AccessToken) -> bool:
         """Drop ``token``, refused by a resolver while an operation ran, if renewing may help.
@@ -428,16 +445,16 @@ class TokenManager:
         with self._lock:
             self._record_refusal(token)
             if (
-                token.generation == self._renewed_for_refusal_while_running
+                token.generation == self._generation_renewed_for_running_refusal
                 and self.confirmed < token.generation
             ):
                 return False
             dropped = self._token is token
             if dropped:
                 self._token = None
-                self._refused = token
-                self._rejected = True
-                self._renew_for_refusal_while_running = True
+                self._refused_token = token
+                self._renewing_after_refusal = True
+                self._next_token_answers_running_refusal = True
         if dropped:
             self._emit(AuthEvent("token_rejected"))
         return True
@@ -452,24 +469,24 @@ class TokenManager:
         Args:
             token: The token refused.
             answer: What the adapter keeps of the refusal, to end calls made while
-                renewals are paused as this one ended (see :attr:`last_refusal`).
+                renewals are paused as this one ended (see :attr:`refusal_answer`).
 
         Returns:
             Whether ``token`` was the cached token.
         """
         with self._lock:
             self._record_refusal(token)
-            self.last_refusal = answer
+            self.refusal_answer = answer
             if self._token is not token:
                 return False
             self._token = None
-            self._refused = token
-            self._rejected = True
+            self._refused_token = token
+            self._renewing_after_refusal = True
             if token.generation > self.confirmed:
-                self._fresh_refusals += 1
+                self._unconfirmed_refusals += 1
                 if self._cooldown is not None:
-                    pause = self._cooldown(self._fresh_refusals)
-                    self._paused_until = time.monotonic() + pause
+                    pause = self._cooldown(self._unconfirmed_refusals)
+                    self._renewals_paused_until = time.monotonic() + pause
         self._emit(AuthEvent("token_rejected"))
         return True
 
@@ -480,9 +497,9 @@ class TokenManager:
         if self._shared is None:
             return
         fingerprint = refusal_fingerprint(token.value)
-        if self._refusal is None or self._refusal.fingerprint != fingerprint:
+        if self._latest_refusal is None or self._latest_refusal.fingerprint != fingerprint:
             requested = self._requested.get(token.generation)
-            self._refusal = Refusal(time.monotonic(), fingerprint, requested)
+            self._latest_refusal = Refusal(time.monotonic(), fingerprint, requested)
 
     def standing(self, token: AccessToken) -> Literal["newer", "replacement", "older"]:
         """How ``token`` stands to the latest refusal (see :meth:`Origin.answers`).
@@ -490,16 +507,16 @@ class TokenManager:
         ``"newer"`` for a token this process fetched: its own renewals are trusted as ever.
         """
         origin = self._origins.get(token.generation)
-        return "newer" if origin is None else origin.answers(self._refusal)
+        return "newer" if origin is None else origin.answers(self._latest_refusal)
 
     def loaded(self, token: AccessToken) -> bool:
         """Whether ``token`` was read from a shared store rather than fetched here."""
         return token.generation in self._origins
 
-    def _take_off(self, stale: AccessToken | None, *, background: bool = False) -> _Flight | None:
+    def _take_off(self, stale: AccessToken | None, *, background: bool = False) -> Flight | None:
         # Called with the lock held. None: a background renewal found no thread to run on;
         # a request fetches in the foreground once the token is no longer usable.
-        if self._rejected:
+        if self._renewing_after_refusal:
             reason = "rejected"
         elif stale is None and self._generation == 0:
             reason = "initial"
@@ -510,7 +527,7 @@ class TokenManager:
         future: concurrent.futures.Future[AccessToken] = concurrent.futures.Future()
         # A running future cannot be cancelled, so no waiter can cancel it for the others.
         future.set_running_or_notify_cancel()
-        flight = _Flight(future, reason)
+        flight = Flight(future, reason)
         thread = threading.Thread(
             target=self._run, args=(flight,), name="gql-service-auth-token", daemon=True
         )
@@ -527,30 +544,7 @@ class TokenManager:
             self._flight = flight
         return flight
 
-    async def _wait(self, flight: _Flight) -> AccessToken:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[AccessToken] = loop.create_future()
-
-        def relay(done: concurrent.futures.Future[AccessToken]) -> None:
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-                loop.call_soon_threadsafe(_settle, waiter, done)
-
-        def poll() -> None:
-            # A timer fires on the selector's timeout, where a wake-up through the loop's
-            # self-pipe can be lost: a forked child that closes the loop it inherited
-            # unregisters that pipe from the epoll instance it shares with its parent.
-            if waiter.done():
-                return
-            if flight.future.done():
-                _settle(waiter, flight.future)
-            else:
-                loop.call_later(_POLL_INTERVAL, poll)
-
-        flight.future.add_done_callback(relay)
-        loop.call_later(_POLL_INTERVAL, poll)
-        return await waiter
-
-    def _run(self, flight: _Flight) -> None:
+    def _run(self, flight: Flight) -> None:
         """The fetch's thread: a loop of its own for one fetch, closed afterwards.
 
         Not asyncio.run: its teardown waits for the loop's default executor, where
@@ -564,7 +558,7 @@ class TokenManager:
         finally:
             close_own_loop(loop)
 
-    async def _fly(self, flight: _Flight) -> None:
+    async def _fly(self, flight: Flight) -> None:
         """Fetch once, bounded in time, and publish the outcome whatever happens."""
         began = time.monotonic()
         origin: Origin | None = None  # set for a token read from a shared store
@@ -576,15 +570,15 @@ class TokenManager:
             if self._shared is None:
                 response = await asyncio.wait_for(self._fetch(), limit)
             else:
-                refused = self._refused
+                refused = self._refused_token
                 # A renewal ahead of expiry: a stored token due for renewal will not do.
                 renewing = self._token if flight.reason == "expiring" else None
                 response, origin = await asyncio.wait_for(
                     self._shared.obtain(
                         self._fetch,
                         refused=refused.value if refused is not None else None,
-                        refusal=self._refusal,
-                        replacing=self._refusal if flight.reason == "rejected" else None,
+                        refusal=self._latest_refusal,
+                        replacing=self._latest_refusal if flight.reason == "rejected" else None,
                         renewing=renewing.value if renewing is not None else None,
                     ),
                     limit,
@@ -594,28 +588,9 @@ class TokenManager:
             # The fetch's frames are done: their locals (the grant's form, aiohttp's
             # headers) go, since crash reporters read the locals of tracebacks.
             clear_locals(exc)
-            error: BaseException = exc
+            error = fetch_failure(exc, limit)
             # Only the fetcher's own error counted its requests; a cut-off fetch did not.
             attempts = exc.attempts if isinstance(exc, TokenRequestError) else None
-            if isinstance(exc, asyncio.TimeoutError):
-                error = TokenRequestError(
-                    f"the token fetch did not finish within {limit:g} s",
-                    retryable=True,
-                    hint="The token endpoint is too slow; check token_url and the network",
-                )
-            elif isinstance(exc, asyncio.CancelledError):
-                # Only a fetch that fell back to a caller's loop can be cancelled: by that
-                # loop shutting down. Its other waiters may call again.
-                error = TokenRequestError(
-                    "the token fetch was cancelled", retryable=True, hint="Call again"
-                )
-            elif not isinstance(exc, TokenRequestError) and isinstance(exc, Exception):
-                error = TokenRequestError(
-                    f"the token fetch failed ({type(exc).__name__})",
-                    retryable=True,
-                    hint="This is a bug or an unexpected environment; call again",
-                )
-                error.__cause__ = exc
             # Events go out before the outcome is published, so a caller that has its
             # token or its error can count on the hook having seen the fetch.
             try:
@@ -664,7 +639,7 @@ class TokenManager:
             requested = origin.requested_at if origin is not None else began
             self._land(flight, response, None, started=started, requested=requested, origin=origin)
 
-    def _renewal_failed(self, flight: _Flight) -> tuple[float, float, int] | None:
+    def _renewal_failed(self, flight: Flight) -> tuple[float, float, int] | None:
         """Back off after a failed renewal of a token that is still usable.
 
         A renewal in the background, or one an upload waited for: either way the token
@@ -695,7 +670,7 @@ class TokenManager:
 
     def _land(
         self,
-        flight: _Flight,
+        flight: Flight,
         response: TokenResponse | None,
         error: BaseException | None,
         *,
@@ -720,14 +695,14 @@ class TokenManager:
                         del recent[min(recent)]
                 if current or flight.private:
                     self._token = token
-                    self._refused = None
-                    self._rejected = False
+                    self._refused_token = None
+                    self._renewing_after_refusal = False
                     self._renewal_failures = 0
                     self._next_renewal = 0.0
-                    if self._renew_for_refusal_while_running:
+                    if self._next_token_answers_running_refusal:
                         # Whichever fetch lands first after such a refusal serves its re-send.
-                        self._renewed_for_refusal_while_running = token.generation
-            self._renew_for_refusal_while_running = False
+                        self._generation_renewed_for_running_refusal = token.generation
+            self._next_token_answers_running_refusal = False
         if token is not None:
             flight.future.set_result(token)
         else:

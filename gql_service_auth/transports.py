@@ -29,6 +29,7 @@ from graphql import ExecutionResult
 from yarl import URL
 
 from ._aiohttp import AuthenticatingTransport, SharedArgs, with_authorization
+from ._aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
 from ._config import check_url, env_url, read_env
 from ._constants import (
     DEFAULT_EXPIRES_IN,
@@ -68,13 +69,12 @@ from ._gql import (
     sent_batch,
     snapshot,
 )
-from ._oauth2 import AiohttpFormPoster, ClientAuthMethod, RetryPolicy
+from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import clear_locals, forgets_on_error, redact_chain
 from ._refusal import BARE_401, SUBSCRIPTION, RequestFacts, is_refusal
 from ._settings import check_renewal_settings, joined_scope, token_manager
 from ._store import TokenStore
 from ._token import AccessToken, Clock
-from ._token_session import TokenSessionArgs, resolve_token_session
 from ._tokens import RenewalPaused
 
 if TYPE_CHECKING:
@@ -616,7 +616,7 @@ class OAuth2Transport(AuthenticatingTransport):
             assert not isinstance(outcome.raw, Bare401)  # a bare 401 is always a refusal
             return scrubbed(outcome.raw, self._secrets(outcome.token))
         if isinstance(outcome, Paused):
-            raise paused_error(outcome, self._tokens.last_refusal)
+            raise paused_error(outcome, self._tokens.refusal_answer)
         raise refused_error(outcome, self._secrets(outcome.token))
 
     def _get(self, need: NeedToken) -> Awaitable[AccessToken]:
@@ -637,7 +637,7 @@ class OAuth2Transport(AuthenticatingTransport):
         try:
             token = await self._tokens.get()
         except RenewalPaused as signal:
-            last = self._tokens.last_refusal
+            last = self._tokens.refusal_answer
             error = paused_error(Paused(signal.refusals, signal.remaining), last)
         if error is not None:
             raise error  # outside the except block: the signal stays out of the chain

@@ -18,14 +18,21 @@ import asyncio
 import base64
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from ssl import SSLContext
 from typing import Any, Final, TypedDict
 from urllib.request import getproxies, proxy_bypass
 
 import aiohttp
+from aiohttp.client_reqrep import Fingerprint
+from multidict import CIMultiDict
 from yarl import URL
 
+from . import _aiohttp_redact  # noqa: F401 - registers how aiohttp errors are scrubbed
 from ._config import is_loopback
+from ._constants import MAX_TOKEN_RESPONSE_BYTES
 from ._errors import ConfigurationError, TokenRequestError
+from ._oauth2 import FormAnswer, secrets_sent
+from ._redact import redact_chain, redact_text
 
 
 class TokenSessionArgs(TypedDict, total=False):
@@ -362,3 +369,95 @@ def _sendable(userinfo: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+class AiohttpFormPoster:
+    """Posts the token request in a short-lived aiohttp session of its own.
+
+    A session of its own keeps the user's default headers, cookies and ``auth`` of the
+    GraphQL session away from the authorization server. One session per fetch costs a
+    connection per token, which is rare, and binds nothing to an event loop between
+    fetches, so tokens can be fetched from any loop or thread.
+
+    Args:
+        ssl: As aiohttp's ``ssl``: the same verification settings as the GraphQL endpoint.
+        session: The session's proxy, ``trust_env``, connector factory and options;
+            ``None`` for aiohttp's defaults (direct, environment ignored).
+    """
+
+    def __init__(
+        self, *, ssl: SSLContext | bool | Fingerprint = True, session: TokenSession | None = None
+    ) -> None:
+        self._ssl = ssl
+        self._session = session or TokenSession()
+
+    def __repr__(self) -> str:
+        return f"<AiohttpFormPoster {self._session!r}>"
+
+    def secrets(self) -> list[str]:
+        """The proxy credentials a request may carry, which an answer may quote back."""
+        return self._session.secrets()
+
+    async def __call__(
+        self, url: str | URL, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
+    ) -> FormAnswer:
+        settings = self._session
+        settings.check_environment(url)
+        try:
+            async with (
+                aiohttp.ClientSession(
+                    connector=settings.make_connector(),
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                    trust_env=settings.trust_env,
+                    **settings.options,
+                ) as session,
+                session.post(
+                    url,
+                    data=dict(form),
+                    headers=dict(headers),
+                    ssl=self._ssl,
+                    proxy=settings.proxy,
+                    allow_redirects=False,
+                ) as response,
+            ):
+                # read(n) returns what has arrived so far, which may be a fraction of a
+                # small body: read to the end, stopping once past the cap.
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(16 * 1024):
+                    body += chunk
+                    if len(body) > MAX_TOKEN_RESPONSE_BYTES:
+                        break
+                return FormAnswer(response.status, CIMultiDict(response.headers), bytes(body))
+        except UnicodeEncodeError as exc:
+            # aiohttp encodes proxy credentials as latin-1 (those of HTTP_PROXY with
+            # trust_env; explicit ones were checked when the transport was built), and the
+            # error's arguments hold the whole "user:password" it could not encode.
+            redact_chain(exc)
+            raise TokenRequestError(
+                "could not encode the token request (UnicodeEncodeError)",
+                hint=(
+                    "Proxy credentials (in HTTP_PROXY/HTTPS_PROXY with trust_env, or in "
+                    "~/.netrc) must be latin-1 text, as HTTP Basic sends them"
+                ),
+            ) from exc
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            # aiohttp's records of the request (kept for the chain) hold the Basic header
+            # of client_secret_basic, and a malformed answer may quote what it was sent;
+            # a proxy's error may quote its own credentials.
+            sent = secrets_sent(form, headers) + self.secrets()
+            redact_chain(exc, sent)
+            detail = str(redact_text(str(exc), sent)) or "timed out"
+            del sent
+            proxied = isinstance(
+                exc, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)
+            )
+            raise TokenRequestError(
+                f"could not reach the token endpoint ({type(exc).__name__}: {detail})",
+                retryable=True,
+                hint=(
+                    "Check the token request's proxy (token_proxy, token_session_args, or "
+                    "HTTP_PROXY/HTTPS_PROXY with trust_env) and its credentials"
+                    if proxied
+                    else "Check token_url and the network; this is retried within RetryPolicy"
+                ),
+            ) from exc

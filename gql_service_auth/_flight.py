@@ -1,0 +1,134 @@
+"""One token fetch in progress, and the ways to wait for it: from any event loop, or blocking.
+
+A fetch runs on a daemon thread with an event loop of its own (see ``_tokens.py``) and
+publishes its outcome as a ``concurrent.futures.Future``. Waiters never run it: a
+coroutine on any asyncio loop awaits it, a sync caller blocks on it, and a waiter that
+gives up leaves it to finish for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import TokenRequestError
+from ._token import AccessToken
+
+_POLL_INTERVAL = 0.05
+"""Seconds between a waiter's own checks of a fetch, besides the fetch's wake-up call."""
+
+
+@dataclass(eq=False, slots=True)
+class Flight:
+    """One token fetch in progress, awaitable from any event loop."""
+
+    future: concurrent.futures.Future[AccessToken]
+    reason: str
+    #: Runs on its caller's loop, for that caller only (no thread could be started).
+    private: bool = False
+
+
+def _settle(waiter: asyncio.Future[AccessToken], done: concurrent.futures.Future[Any]) -> None:
+    # Runs on the waiter's loop. A waiter cancelled meanwhile is left alone, so no
+    # exception is ever set on a future that nobody will read.
+    if waiter.done():
+        return
+    error = done.exception()
+    if error is None:
+        waiter.set_result(done.result())
+    else:
+        waiter.set_exception(own_copy(error))
+
+
+def own_copy(error: BaseException) -> BaseException:
+    """A copy of a fetch's error for one waiter.
+
+    Raising one object in many callers would give it the ``__context__`` of whichever
+    raised it last, so one caller's exception in flight would show in another's chain.
+    Built without calling ``__init__``, which subclasses may give other arguments.
+    """
+    cls = type(error)
+    try:
+        clone = cls.__new__(cls, *error.args)
+        clone.args = error.args
+        clone.__dict__.update(vars(error))
+    except Exception:  # pragma: no cover - an exception type that cannot be copied
+        return error
+    notes = getattr(error, "__notes__", None)
+    if isinstance(notes, list):
+        clone.__notes__ = list(notes)  # type: ignore[attr-defined]
+    clone.__cause__ = error.__cause__
+    clone.__suppress_context__ = error.__suppress_context__
+    return clone.with_traceback(error.__traceback__)
+
+
+async def wait_async(flight: Flight) -> AccessToken:
+    """The outcome of ``flight``, awaited on the running asyncio loop."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[AccessToken] = loop.create_future()
+
+    def relay(done: concurrent.futures.Future[AccessToken]) -> None:
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+            loop.call_soon_threadsafe(_settle, waiter, done)
+
+    def poll() -> None:
+        # A timer fires on the selector's timeout, where a wake-up through the loop's
+        # self-pipe can be lost: a forked child that closes the loop it inherited
+        # unregisters that pipe from the epoll instance it shares with its parent.
+        if waiter.done():
+            return
+        if flight.future.done():
+            _settle(waiter, flight.future)
+        else:
+            loop.call_later(_POLL_INTERVAL, poll)
+
+    flight.future.add_done_callback(relay)
+    loop.call_later(_POLL_INTERVAL, poll)
+    return await waiter
+
+
+def wait_blocking(flight: Flight, timeout: float) -> AccessToken:
+    """The outcome of ``flight``, waited for by blocking the calling thread.
+
+    The fetch publishes an outcome within its own deadline; ``timeout`` is a second bound,
+    so that no caller ever waits without end on a fetch that a bug left unpublished.
+    """
+    try:
+        return flight.future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        error = TokenRequestError(
+            f"no token within {timeout:g} s",
+            retryable=True,
+            hint="The token endpoint is too slow; check token_url and the network",
+        )
+    except BaseException as exc:
+        raise own_copy(exc) from None
+    raise error
+
+
+def fetch_failure(exc: BaseException, limit: float) -> BaseException:
+    """The error a fetch that raised ``exc`` publishes: a ``TokenRequestError``, or ``exc``."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return TokenRequestError(
+            f"the token fetch did not finish within {limit:g} s",
+            retryable=True,
+            hint="The token endpoint is too slow; check token_url and the network",
+        )
+    if isinstance(exc, asyncio.CancelledError):
+        # Only a fetch that fell back to a caller's loop can be cancelled: by that loop
+        # shutting down. Its other waiters may call again.
+        return TokenRequestError(
+            "the token fetch was cancelled", retryable=True, hint="Call again"
+        )
+    if not isinstance(exc, TokenRequestError) and isinstance(exc, Exception):
+        error = TokenRequestError(
+            f"the token fetch failed ({type(exc).__name__})",
+            retryable=True,
+            hint="This is a bug or an unexpected environment; call again",
+        )
+        error.__cause__ = exc
+        return error
+    return exc

@@ -1,0 +1,104 @@
+"""The token manager's waits: blocking threads and coroutines share one fetch (no network)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from gql_service_auth import TokenRequestError
+from gql_service_auth._token import AccessToken, TokenResponse
+from gql_service_auth._tokens import TokenManager
+
+
+class Fetcher:
+    """A token endpoint stand-in: counts fetches; each takes ``delay`` seconds."""
+
+    def __init__(self, delay: float = 0.2, *, fail: bool = False) -> None:
+        self.delay = delay
+        self.fail = fail
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    async def __call__(self) -> TokenResponse:
+        with self.lock:
+            self.calls += 1
+            number = self.calls
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            raise TokenRequestError("endpoint down", retryable=True)
+        return TokenResponse(f"token-{number}", expires_in=3600)
+
+
+def manager(fetch: Fetcher, fetch_timeout: float = 5.0) -> TokenManager:
+    return TokenManager(
+        fetch, refresh_margin=60.0, default_expires_in=3600.0, fetch_timeout=fetch_timeout
+    )
+
+
+def in_threads(calls: list[Callable[[], object]]) -> list[object]:
+    """What each call returned or raised, each call on a thread of its own, all at once."""
+    results: list[object] = [None] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            results[index] = calls[index]()
+        except BaseException as exc:  # the test reads it
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads)
+    return results
+
+
+def values(results: list[object]) -> set[str]:
+    return {r.value if isinstance(r, AccessToken) else repr(r) for r in results}
+
+
+def test_blocking_callers_on_many_threads_share_one_fetch() -> None:
+    fetch = Fetcher()
+    tokens = manager(fetch)
+    results = in_threads([tokens.get_blocking] * 8)
+    assert fetch.calls == 1
+    assert values(results) == {"token-1"}
+
+
+def test_threads_and_coroutines_share_one_fetch() -> None:
+    fetch = Fetcher(delay=0.3)
+    tokens = manager(fetch)
+
+    def on_a_loop() -> AccessToken:
+        return asyncio.run(tokens.get())
+
+    results = in_threads([tokens.get_blocking] * 3 + [on_a_loop] * 2)
+    assert fetch.calls == 1
+    assert values(results) == {"token-1"}
+
+
+def test_a_failed_fetch_reaches_every_blocking_caller_as_its_own_error() -> None:
+    tokens = manager(Fetcher(fail=True))
+    errors = in_threads([tokens.get_blocking] * 4)
+    assert all(isinstance(e, TokenRequestError) for e in errors)
+    assert len({id(e) for e in errors}) == 4  # no chain of one shows in another's
+
+
+def test_a_blocking_caller_after_a_refusal_waits_for_a_newer_token() -> None:
+    fetch = Fetcher(delay=0.0)
+    tokens = manager(fetch)
+    first = tokens.get_blocking()
+    assert tokens.invalidate(first)
+    second = tokens.get_blocking(after=first.generation)
+    assert second.generation > first.generation
+    assert fetch.calls == 2
+
+
+def test_a_blocking_wait_is_bounded_by_the_fetch_deadline() -> None:
+    tokens = manager(Fetcher(delay=30.0), fetch_timeout=0.3)
+    with pytest.raises(TokenRequestError, match=r"did not finish within 0\.3 s"):
+        tokens.get_blocking()
