@@ -27,6 +27,12 @@ def read_env(environ: Mapping[str, str], name: str) -> str:
     return value
 
 
+def given_or_env(environ: Mapping[str, str], given: str | None, name: str) -> str:
+    """``given`` if it is not ``None``, else the value of variable ``name`` (see
+    :func:`read_env`)."""
+    return given if given is not None else read_env(environ, name)
+
+
 def join_url(base: str, path: str) -> str:
     """``base`` with ``path`` appended to its path, however many slashes it ends with.
 
@@ -62,6 +68,12 @@ def env_url(environ: Mapping[str, str], name: str, path: str) -> str:
 
 
 _NOTED: set[tuple[str, str]] = set()
+
+
+def endpoint_or_env(environ: Mapping[str, str], given: str | None, name: str, path: str) -> str:
+    """``given`` if it is not ``None``, else the endpoint under variable ``name`` (see
+    :func:`env_url`)."""
+    return given if given is not None else env_url(environ, name, path)
 
 
 def is_loopback(host: str | None) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import TokenRequestError
+from ._events import AuthEvent
 from ._token import AccessToken
 
 _POLL_INTERVAL = 0.05
@@ -132,3 +133,45 @@ def fetch_failure(exc: BaseException, limit: float) -> BaseException:
         error.__cause__ = exc
         return error
     return exc
+
+
+def failure_event(
+    reason: str,
+    exc: BaseException,
+    error: BaseException,
+    *,
+    duration: float,
+    renewal: tuple[float, float, int] | None,
+    max_attempts: int | None,
+) -> AuthEvent:
+    """The event of a fetch that raised ``exc`` and publishes ``error``.
+
+    ``renewal`` is what a failed renewal of a usable token left (seconds left, seconds
+    until the next try, failures in a row): the token in use stays in use, and no request
+    failed. ``None``: requests waited for this fetch, and fail with it.
+    """
+    status = getattr(error, "status", None)
+    name = getattr(error, "error", None) or type(exc).__name__
+    if renewal is not None:
+        left, wait, failures = renewal
+        return AuthEvent(
+            "token_renewal_failed",
+            reason=reason,
+            attempt=failures,
+            wait=wait,
+            duration=duration,
+            expires_in=left,
+            status=status,
+            error=name,
+        )
+    # Only the fetcher's own error counted its requests; a cut-off fetch did not.
+    attempts = exc.attempts if isinstance(exc, TokenRequestError) else None
+    return AuthEvent(
+        "token_request_failed",
+        reason=reason,
+        attempt=attempts,
+        max_attempts=max_attempts if attempts is not None else None,
+        duration=duration,
+        status=status,
+        error=name,
+    )

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
 from ._events import AuthEvent
+from ._ledger import RenewalPaused, RenewalSpent
 from ._refusal import (
     REFUSED_AGAIN_WHILE_RUNNING,
     Action,
@@ -35,7 +36,6 @@ from ._refusal import (
     judge,
 )
 from ._token import AccessToken
-from ._tokens import RenewalPaused, RenewalSpent
 
 _R = TypeVar("_R")
 

@@ -8,7 +8,8 @@ package's errors, scrubbed of every secret.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from gql.graphql_request import GraphQLRequest
@@ -21,10 +22,12 @@ from ._errors import (
     UnauthenticatedError,
     UnauthenticatedHTTPError,
 )
-from ._flow import Paused, Refused, Sent
+from ._flow import Accepted, Outcome, Paused, Refused, Sent
+from ._ledger import RenewalPaused
 from ._redact import clear_locals, redact_chain, redact_text
 from ._refusal import (
     BARE_401,
+    SUBSCRIPTION,
     Answer,
     api_key_message,
     exhausted_message,
@@ -33,6 +36,8 @@ from ._refusal import (
     paused_message,
     refusal_message,
 )
+from ._token import AccessToken
+from ._tokens import TokenManager
 
 _T = TypeVar("_T")
 
@@ -206,6 +211,82 @@ def refused_error(outcome: Refused[Any], secrets: list[str]) -> UnauthenticatedE
         return http_401(UnauthenticatedHTTPError, raw, message)
     errors, data, extensions = _parts(raw, secrets)
     return UnauthenticatedError(message, errors=errors, data=data, extensions=extensions)
+
+
+async def answered(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | Bare401:
+    """The answer of ``sending``, or the HTTP 401 it met without a GraphQL body."""
+    try:
+        return await sending
+    except TransportError as exc:
+        return bare_401(exc, secrets)
+
+
+def settled(
+    outcome: Outcome[_T | Bare401],
+    refusal_answer: object,
+    secrets: Callable[[AccessToken], list[str]],
+) -> _T:
+    """The answer the flow's ``outcome`` gives the caller, or the error it ends with.
+
+    ``refusal_answer`` is what the token manager kept of the refusal behind a pause.
+    """
+    if isinstance(outcome, Accepted):
+        assert not isinstance(outcome.raw, Bare401)  # a bare 401 is always a refusal
+        return scrubbed(outcome.raw, secrets(outcome.token))
+    if isinstance(outcome, Paused):
+        raise paused_error(outcome, refusal_answer)
+    raise refused_error(outcome, secrets(outcome.token))
+
+
+async def guarded(
+    stream: AsyncGenerator[ExecutionResult, None],
+    secrets: Callable[[], list[str]],
+    *,
+    on_refusal: Callable[[], object],
+    on_401: Callable[[Bare401], BaseException],
+) -> AsyncGenerator[ExecutionResult, None]:
+    """A subscription's ``stream``, its results and errors rid of the ``secrets()``.
+
+    A result that refuses the credentials is told to ``on_refusal`` and passed on: a
+    stream is never sent twice. gql raises ``TransportServerError(401)`` for any 401 to a
+    subscription, body or not: the stream ends with the error ``on_401`` makes of it.
+    An async generator is its own boundary (a decorator cannot wrap one without changing
+    how it closes), so the error's frames are cleared here; ``stream`` is closed with it.
+    The secrets are asked for each time, so that this frame, which a traceback shows,
+    holds none.
+    """
+    try:
+        async with contextlib.aclosing(stream):
+            async for result in stream:
+                if is_refusal(result.errors):
+                    on_refusal()
+                yield scrubbed(result, secrets())
+    except BaseException as exc:
+        redact_chain(exc, secrets())
+        clear_locals(exc)
+        if isinstance(exc, TransportServerError) and exc.code == 401:
+            raise on_401(Bare401(exc)) from exc
+        raise
+
+
+async def first_token(tokens: TokenManager) -> AccessToken:
+    """A token for a call that is never re-sent (a stream); fails at once while renewals
+    are paused, as the error of the refusals behind the pause (see :func:`paused_error`)."""
+    try:
+        return await tokens.get()
+    except RenewalPaused as signal:
+        error = paused_error(Paused(signal.refusals, signal.remaining), tokens.refusal_answer)
+    raise error  # outside the except block: the signal stays out of the chain
+
+
+def subscription_refused(
+    tokens: TokenManager, token: AccessToken, bare: Bare401, renewals: int
+) -> UnauthenticatedError:
+    """The error of a subscription refused with a 401: the token is dropped, and the
+    stream, which is never sent twice, ends."""
+    tokens.invalidate(token, answer=bare)
+    last = Sent(BARE_401, bare)
+    return refused_error(Refused(token, last, SUBSCRIPTION, True, renewals), [])
 
 
 def paused_error(paused: Paused, last_refusal: object) -> UnauthenticatedError:

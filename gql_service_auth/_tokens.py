@@ -35,9 +35,10 @@ from . import _fork
 from ._constants import FETCH_GRACE, RENEWAL_RETRY_MIN
 from ._errors import TokenRequestError
 from ._events import AuthEvent, Emitter
-from ._flight import Flight, fetch_failure, wait_async, wait_blocking
+from ._flight import Flight, failure_event, fetch_failure, wait_async, wait_blocking
+from ._ledger import Refusals, RenewalFailures, RenewalPaused, RenewalSpent
 from ._loop_thread import close_own_loop
-from ._provenance import Origin, Refusal, refusal_fingerprint
+from ._provenance import Origin
 from ._redact import clear_locals
 from ._token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token
 
@@ -45,40 +46,11 @@ if TYPE_CHECKING:
     from ._store import SharedLevel
 
 
-class RenewalSpent(Exception):
-    """The renewal that followed the refused token was itself refused.
-
-    Raised by :meth:`TokenManager.get` with ``after=``: many requests refused with one
-    token share one renewal (a wave), and once that renewal is refused too, fetching
-    another for each late request is what stampedes an identity provider.
-    """
-
-
-class RenewalPaused(Exception):
-    """Fresh tokens keep being refused, and renewals are paused for a while.
-
-    Attributes:
-        remaining: Seconds until renewals resume.
-        refusals: Consecutive tokens refused before any answer accepted them.
-    """
-
-    def __init__(self, remaining: float, refusals: int) -> None:
-        super().__init__(f"renewals paused for {remaining:.1f} s")
-        self.remaining = remaining
-        self.refusals = refusals
-
-
 _Steps = Generator[Flight, AccessToken, AccessToken]
 
 _MAX_STEPS = 4
 """Fetches one call may wait for: its own, an upload's renewal of it, and both again when a
 token read from a shared store turns out older than the refusal it was to answer."""
-
-
-def _default_renewal_backoff(failures: int) -> float:
-    # 5 s, 10 s, 20 s...: a token endpoint that failed a whole fetch, retries included, is
-    # not asked again at once; the manager also tries before the token is no longer usable.
-    return min(5.0 * 2.0 ** (failures - 1), 300.0)
 
 
 class TokenManager:
@@ -123,7 +95,7 @@ class TokenManager:
     ) -> None:
         self._fetch = fetch
         self._shared = shared
-        self._renewal_backoff = renewal_backoff or _default_renewal_backoff
+        self._renewal_backoff = renewal_backoff
         self._refresh_margin = refresh_margin
         self._default_expires_in = default_expires_in
         self._fetch_timeout = fetch_timeout
@@ -139,39 +111,13 @@ class TokenManager:
         self._token: AccessToken | None = None
         self._flight: Flight | None = None
         self._generation = 0
-        #: The state of refusals, each named for what it answers:
-        #: - a refusal dropped the token, and the next fetch renews for it ("rejected");
-        self._renewing_after_refusal = False
-        #: - the newest generation an answer accepted (read without the lock on the
-        #:   per-request path, where a stale read costs one extra confirm() call);
-        self.confirmed = 0
-        #: - tokens refused in a row before any answer accepted them, and until when
-        #:   (time.monotonic(): a rate limit in real time) renewals pause for them;
-        self._unconfirmed_refusals = 0
-        self._renewals_paused_until = 0.0
-        #: - a token was dropped for a refusal while an operation ran: the next token to
-        #:   land is the one renewed for it (its generation), which such a refusal does
-        #:   not drop again before an answer accepts it.
-        self._next_token_answers_running_refusal = False
-        self._generation_renewed_for_running_refusal = 0
+        #: What refusals say: drops, pauses, the renewal after a running refusal.
+        self._refusals = Refusals(
+            cooldown=self._cooldown, weighs_provenance=self._shared is not None
+        )
         #: Background renewals that failed in a row, and when (manager's clock) the next
         #: may start; read without the lock on the per-request path, past renew_at only.
-        self._renewal_failures = 0
-        self._next_renewal = 0.0
-        #: The token the API refused last, until a new one lands: a shared store drops
-        #: it, if it still holds it, rather than hand it back.
-        self._refused_token: AccessToken | None = None
-        #: What the adapter kept of the last refusal that dropped a token (an HTTP 401
-        #: without a body, say), or None: a call that fails at once while renewals are
-        #: paused ends as that one did.
-        self.refusal_answer: object = None
-        #: The latest token refused (late refusals of replaced tokens too), and, for the
-        #: tokens of the last few generations, when (time.monotonic()) each was requested
-        #: and, for one read from a shared store, its origin: a request refused is not
-        #: sent again with a stored token that the same revocation may have covered.
-        self._latest_refusal: Refusal | None = None
-        self._requested: dict[int, float] = {}
-        self._origins: dict[int, Origin] = {}
+        self._renewals = RenewalFailures(self._renewal_backoff)
 
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
@@ -241,7 +187,7 @@ class TokenManager:
             if not min_ttl or token.expires_at - now >= min_ttl:
                 return token
         elif now < token.usable_until:
-            if self._flight is None and now >= self._next_renewal:
+            if self._flight is None and now >= self._renewals.next_at:
                 self._renew_ahead(token, now)
             if not min_ttl or token.expires_at - now >= min_ttl:
                 return token
@@ -256,13 +202,13 @@ class TokenManager:
         with self._lock:
             if self._token is not token or self._flight is not None:
                 return
-            if now >= self._next_renewal and self._take_off(token, background=True) is None:
+            if now >= self._renewals.next_at and self._take_off(token, background=True) is None:
                 # No thread to be had: not tried again by every request meanwhile.
-                self._next_renewal = now + RENEWAL_RETRY_MIN
+                self._renewals.next_at = now + RENEWAL_RETRY_MIN
 
     def pause_remaining(self) -> float:
         """Seconds until renewals resume after refused fresh tokens; 0 when not paused."""
-        return max(self._renewals_paused_until - time.monotonic(), 0.0)
+        return self._refusals.pause_remaining()
 
     async def get(self, *, min_ttl: float = 0.0, after: int = 0) -> AccessToken:
         """A token to use now: the cached one while usable, else a new one.
@@ -334,7 +280,7 @@ class TokenManager:
             with self._lock:
                 if self._token is token:
                     self._token = None
-                    self._renewing_after_refusal = True
+                    self._refusals.renewing_after_refusal = True
             token = yield from self._get_steps(min_ttl, token.generation)
         return token
 
@@ -347,23 +293,24 @@ class TokenManager:
             if token is not None and token.generation > after and self._usable(token, min_ttl):
                 return token
             flight = self._flight
-            if flight is None and min_ttl and self._clock() < self._next_renewal:
+            if flight is None and min_ttl and self._clock() < self._renewals.next_at:
                 # A renewal failed lately: the caller wishing for more lifetime gets what
                 # every request gets while it backs off, rather than a fetch of its own.
                 fallback = self._fallback(after)
                 if fallback is not None:
                     return fallback
             if flight is None:
+                refusals = self._refusals
                 if (
-                    self._renewing_after_refusal
+                    refusals.renewing_after_refusal
                     and token is None
                     and after
                     and self._generation > after
                 ):
                     raise RenewalSpent
                 remaining = self.pause_remaining()
-                if self._renewing_after_refusal and remaining > 0:
-                    raise RenewalPaused(remaining, self._unconfirmed_refusals)
+                if refusals.renewing_after_refusal and remaining > 0:
+                    raise RenewalPaused(remaining, refusals.unconfirmed_refusals)
                 flight = self._take_off(token)
                 assert flight is not None  # a foreground flight always takes off
         try:
@@ -384,7 +331,7 @@ class TokenManager:
         with self._lock:
             flight = self._flight
             if flight is None:
-                if self._token is not token or self._clock() < self._next_renewal:
+                if self._token is not token or self._clock() < self._renewals.next_at:
                     return self._fallback(after) or token
                 flight = self._take_off(token)
                 assert flight is not None
@@ -415,18 +362,26 @@ class TokenManager:
             return token
         return None
 
+    @property
+    def confirmed(self) -> int:
+        """The newest generation an answer accepted; 0 before any."""
+        return self._refusals.confirmed
+
+    @property
+    def refusal_answer(self) -> object:
+        """What the adapter kept of the last refusal that dropped a token, or ``None``."""
+        return self._refusals.answer
+
     def confirm(self, token: AccessToken) -> None:
         """Record that an answer accepted ``token``: refusals of fresh tokens stop counting.
 
         Called on every accepted answer: the check before the lock costs a request next
         to nothing, and a stale read of ``confirmed`` costs one locked call more.
         """
-        if token.generation <= self.confirmed:
+        if token.generation <= self._refusals.confirmed:
             return
         with self._lock:
-            self.confirmed = max(self.confirmed, token.generation)
-            self._unconfirmed_refusals = 0
-            self._renewals_paused_until = 0.0
+            self._refusals.confirm(token.generation)
 
     def refused_while_running(self, token: AccessToken) -> bool:
         """Drop ``token``, refused by a resolver while an operation ran, if renewing may help.
@@ -443,21 +398,12 @@ class TokenManager:
             replaced it).
         """
         with self._lock:
-            self._record_refusal(token)
-            if (
-                token.generation == self._generation_renewed_for_running_refusal
-                and self.confirmed < token.generation
-            ):
-                return False
-            dropped = self._token is token
+            may_help, dropped = self._refusals.refused_while_running(token, current=self._token)
             if dropped:
                 self._token = None
-                self._refused_token = token
-                self._renewing_after_refusal = True
-                self._next_token_answers_running_refusal = True
         if dropped:
             self._emit(AuthEvent("token_rejected"))
-        return True
+        return may_help
 
     def invalidate(self, token: AccessToken, *, answer: object = None) -> bool:
         """Drop ``token`` because the API refused it, unless a newer one already replaced it.
@@ -475,48 +421,25 @@ class TokenManager:
             Whether ``token`` was the cached token.
         """
         with self._lock:
-            self._record_refusal(token)
-            self.refusal_answer = answer
-            if self._token is not token:
-                return False
-            self._token = None
-            self._refused_token = token
-            self._renewing_after_refusal = True
-            if token.generation > self.confirmed:
-                self._unconfirmed_refusals += 1
-                if self._cooldown is not None:
-                    pause = self._cooldown(self._unconfirmed_refusals)
-                    self._renewals_paused_until = time.monotonic() + pause
-        self._emit(AuthEvent("token_rejected"))
-        return True
-
-    def _record_refusal(self, token: AccessToken) -> None:
-        # Called with the lock held. The first refusal of a token is the one that counts:
-        # a token requested after it is newer than the revocation behind it. Without a
-        # store, no token is read from elsewhere, and nothing is weighed against it.
-        if self._shared is None:
-            return
-        fingerprint = refusal_fingerprint(token.value)
-        if self._latest_refusal is None or self._latest_refusal.fingerprint != fingerprint:
-            requested = self._requested.get(token.generation)
-            self._latest_refusal = Refusal(time.monotonic(), fingerprint, requested)
+            dropped = self._refusals.refused(token, current=self._token, answer=answer)
+            if dropped:
+                self._token = None
+        if dropped:
+            self._emit(AuthEvent("token_rejected"))
+        return dropped
 
     def standing(self, token: AccessToken) -> Literal["newer", "replacement", "older"]:
-        """How ``token`` stands to the latest refusal (see :meth:`Origin.answers`).
-
-        ``"newer"`` for a token this process fetched: its own renewals are trusted as ever.
-        """
-        origin = self._origins.get(token.generation)
-        return "newer" if origin is None else origin.answers(self._latest_refusal)
+        """How ``token`` stands to the latest refusal (see :meth:`Refusals.standing`)."""
+        return self._refusals.standing(token)
 
     def loaded(self, token: AccessToken) -> bool:
         """Whether ``token`` was read from a shared store rather than fetched here."""
-        return token.generation in self._origins
+        return self._refusals.loaded(token)
 
     def _take_off(self, stale: AccessToken | None, *, background: bool = False) -> Flight | None:
         # Called with the lock held. None: a background renewal found no thread to run on;
         # a request fetches in the foreground once the token is no longer usable.
-        if self._renewing_after_refusal:
+        if self._refusals.renewing_after_refusal:
             reason = "rejected"
         elif stale is None and self._generation == 0:
             reason = "initial"
@@ -570,15 +493,15 @@ class TokenManager:
             if self._shared is None:
                 response = await asyncio.wait_for(self._fetch(), limit)
             else:
-                refused = self._refused_token
+                refused = self._refusals.refused_token
                 # A renewal ahead of expiry: a stored token due for renewal will not do.
                 renewing = self._token if flight.reason == "expiring" else None
                 response, origin = await asyncio.wait_for(
                     self._shared.obtain(
                         self._fetch,
                         refused=refused.value if refused is not None else None,
-                        refusal=self._latest_refusal,
-                        replacing=self._latest_refusal if flight.reason == "rejected" else None,
+                        refusal=self._refusals.latest,
+                        replacing=self._refusals.latest if flight.reason == "rejected" else None,
                         renewing=renewing.value if renewing is not None else None,
                     ),
                     limit,
@@ -589,36 +512,19 @@ class TokenManager:
             # headers) go, since crash reporters read the locals of tracebacks.
             clear_locals(exc)
             error = fetch_failure(exc, limit)
-            # Only the fetcher's own error counted its requests; a cut-off fetch did not.
-            attempts = exc.attempts if isinstance(exc, TokenRequestError) else None
             # Events go out before the outcome is published, so a caller that has its
             # token or its error can count on the hook having seen the fetch.
             try:
-                failed = self._renewal_failed(flight)
-                if failed is not None:
-                    # The token in use stays in use: a renewal failed, no request did.
-                    left, wait, failures = failed
-                    event = AuthEvent(
-                        "token_renewal_failed",
-                        reason=flight.reason,
-                        attempt=failures,
-                        wait=wait,
+                self._emit(
+                    failure_event(
+                        flight.reason,
+                        exc,
+                        error,
                         duration=time.monotonic() - began,
-                        expires_in=left,
-                        status=getattr(error, "status", None),
-                        error=getattr(error, "error", None) or type(exc).__name__,
+                        renewal=self._renewal_failed(flight),
+                        max_attempts=self._max_attempts,
                     )
-                else:
-                    event = AuthEvent(
-                        "token_request_failed",
-                        reason=flight.reason,
-                        attempt=attempts,
-                        max_attempts=self._max_attempts if attempts is not None else None,
-                        duration=time.monotonic() - began,
-                        status=getattr(error, "status", None),
-                        error=getattr(error, "error", None) or type(exc).__name__,
-                    )
-                self._emit(event)
+                )
             finally:
                 self._land(flight, None, error)
             if not isinstance(exc, Exception):
@@ -640,33 +546,13 @@ class TokenManager:
             self._land(flight, response, None, started=started, requested=requested, origin=origin)
 
     def _renewal_failed(self, flight: Flight) -> tuple[float, float, int] | None:
-        """Back off after a failed renewal of a token that is still usable.
-
-        A renewal in the background, or one an upload waited for: either way the token
-        in use stays in use, and the next renewal waits out the backoff.
-
-        Returns:
-            The seconds the token in use has left, the seconds until the next renewal may
-            start, and the failures in a row; ``None`` when no usable token is left, so
-            the failure is a request's.
-        """
+        """Back off after a failed renewal of a token that is still usable (see
+        :meth:`RenewalFailures.failed`): in the background, or one an upload waited for,
+        the token in use stays in use, and the next renewal waits out the backoff."""
         if flight.reason != "expiring":
             return None
         with self._lock:
-            token = self._token
-            now = self._clock()
-            if token is None or now >= token.usable_until:
-                return None
-            self._renewal_failures += 1
-            # Spaced by the backoff, but tried again before the token is no longer usable,
-            # while that is at least RENEWAL_RETRY_MIN away: each try is one fetch, so
-            # this bounds the fetches of a token's last stretch.
-            wait = min(
-                self._renewal_backoff(self._renewal_failures), (token.usable_until - now) / 2
-            )
-            wait = max(wait, RENEWAL_RETRY_MIN)
-            self._next_renewal = now + wait
-            return token.expires_at - now, wait, self._renewal_failures
+            return self._renewals.failed(self._token, self._clock())
 
     def _land(
         self,
@@ -687,22 +573,12 @@ class TokenManager:
             if response is not None:
                 self._generation += 1
                 token = self._new_token(response, started, self._generation)
-                self._requested[token.generation] = requested
-                if origin is not None:
-                    self._origins[token.generation] = origin
-                for recent in (self._requested, self._origins):
-                    while len(recent) > 4:
-                        del recent[min(recent)]
-                if current or flight.private:
+                in_hand = current or flight.private
+                self._refusals.landed(token, requested=requested, origin=origin, in_hand=in_hand)
+                if in_hand:
                     self._token = token
-                    self._refused_token = None
-                    self._renewing_after_refusal = False
-                    self._renewal_failures = 0
-                    self._next_renewal = 0.0
-                    if self._next_token_answers_running_refusal:
-                        # Whichever fetch lands first after such a refusal serves its re-send.
-                        self._generation_renewed_for_running_refusal = token.generation
-            self._next_token_answers_running_refusal = False
+                    self._renewals.succeeded()
+            self._refusals.fetch_ended()
         if token is not None:
             flight.future.set_result(token)
         else:

@@ -10,6 +10,7 @@ what ties them to gql's ``AIOHTTPTransport``, and the fast path of a request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -19,18 +20,19 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 # and constructors (pydantic, cattrs, IDEs) looks them up in this module.
 from http.cookies import BaseCookie, Morsel  # noqa: F401
 from ssl import SSLContext
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
 from gql.graphql_request import GraphQLRequest
-from gql.transport.exceptions import TransportError, TransportServerError
+from gql.transport.exceptions import TransportError
 from graphql import ExecutionResult
 from yarl import URL
 
 from ._aiohttp import AuthenticatingTransport, SharedArgs, with_authorization
+from ._aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
 from ._aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
-from ._config import check_url, env_url, read_env
+from ._config import check_url, endpoint_or_env, given_or_env
 from ._constants import (
     DEFAULT_EXPIRES_IN,
     DEFAULT_MAX_RENEWALS,
@@ -47,10 +49,7 @@ from ._credentials import ClientCredentials
 from ._errors import UnauthenticatedError
 from ._events import Emitter, EventHook
 from ._flow import (
-    Accepted,
     NeedToken,
-    Paused,
-    Refused,
     Sent,
     drive_async,
     renewal_flow,
@@ -58,30 +57,38 @@ from ._flow import (
 from ._gql import (
     Bare401,
     Snapshot,
+    answered,
     api_key_error,
     bare_401,
+    first_token,
+    guarded,
     is_query,
-    paused_error,
     rebuild,
-    refused_error,
     scrubbed,
     sent,
     sent_batch,
+    settled,
     snapshot,
+    subscription_refused,
 )
 from ._oauth2 import ClientAuthMethod, RetryPolicy
-from ._redact import clear_locals, forgets_on_error, redact_chain
-from ._refusal import BARE_401, SUBSCRIPTION, RequestFacts, is_refusal
+from ._redact import forgets_on_error
+from ._refusal import RequestFacts, is_refusal
 from ._settings import check_renewal_settings, joined_scope, token_manager
 from ._store import TokenStore
 from ._token import AccessToken, Clock
-from ._tokens import RenewalPaused
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):
         from typing import Self, Unpack
     else:
         from typing_extensions import Self, Unpack
+
+# Defined with the aiohttp plumbing, shown as this module's: users import them from here,
+# and get_type_hints() resolves their annotations in this module's names.
+for _options in (AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options):
+    _options.__module__ = __name__
+del _options
 
 __all__ = [
     "AIOHTTPTransportOptions",
@@ -92,55 +99,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-
-
-class AIOHTTPTransportOptions(TypedDict, total=False):
-    """The keywords of gql's ``AIOHTTPTransport``, all passed through unchanged.
-
-    ``auth`` is left out on purpose: aiohttp cannot combine it with the ``Authorization``
-    header these transports send, so it is refused.
-    """
-
-    headers: LooseHeaders | None
-    cookies: LooseCookies | None
-    ssl: SSLContext | bool | Fingerprint
-    timeout: int | None
-    ssl_close_timeout: int | float | None
-    json_serialize: Callable[..., str]
-    json_deserialize: Callable[..., Any]
-    client_session_args: dict[str, Any] | None
-
-
-class OAuth2Options(AIOHTTPTransportOptions, total=False):
-    """The optional keywords of :class:`OAuth2Transport`, for :meth:`OAuth2Transport.from_env`."""
-
-    scope: str | Sequence[str] | None
-    token_params: Mapping[str, str] | None
-    token_auth_method: ClientAuthMethod
-    refresh_margin: float
-    default_expires_in: float
-    max_renewals: int
-    retry: RetryPolicy | None
-    on_event: EventHook | None
-    clock: Clock | None
-    allow_insecure_http: bool
-    token_session_args: TokenSessionArgs | None
-    token_proxy: str | URL | None
-    token_store: TokenStore | None
-
-
-class ApiKeyOptions(AIOHTTPTransportOptions, total=False):
-    """The optional keywords of :class:`ApiKeyTransport`, for :meth:`ApiKeyTransport.from_env`."""
-
-    allow_insecure_http: bool
-
-
-async def _answered(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | Bare401:
-    """The answer of ``sending``, or the HTTP 401 it met without a GraphQL body."""
-    try:
-        return await sending
-    except TransportError as exc:
-        return bare_401(exc, secrets)
 
 
 class ApiKeyTransport(AuthenticatingTransport):
@@ -229,13 +187,9 @@ class ApiKeyTransport(AuthenticatingTransport):
             ConfigurationError: a variable is missing or empty; the message names it.
         """
         return cls(
-            url if url is not None else env_url(environ, ENV_BASE_URL, GRAPHQL_PATH),
-            client_id=client_id if client_id is not None else read_env(environ, ENV_CLIENT_ID),
-            client_secret=(
-                client_secret
-                if client_secret is not None
-                else read_env(environ, ENV_CLIENT_SECRET)
-            ),
+            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
+            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
+            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
             **kwargs,
         )
 
@@ -284,7 +238,7 @@ class ApiKeyTransport(AuthenticatingTransport):
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
         args = with_authorization(extra_args, self._credentials.api_key_authorization())
-        answers = await _answered(super().execute_batch(reqs, extra_args=args), self._secrets())
+        answers = await answered(super().execute_batch(reqs, extra_args=args), self._secrets())
         if isinstance(answers, Bare401) or any(is_refusal(a.errors) for a in answers):
             raise api_key_error(answers, self._secrets())
         return scrubbed(answers, self._secrets())
@@ -296,20 +250,20 @@ class ApiKeyTransport(AuthenticatingTransport):
         extra_args: dict[str, Any] | None = None,
     ) -> AsyncGenerator[ExecutionResult, None]:
         """Subscribe over HTTP multipart with the API key; see gql's ``subscribe``."""
-        # An async generator, which a boundary decorator cannot wrap without changing how
-        # it closes: its own handler does the boundary's work.
-        args = with_authorization(extra_args, self._credentials.api_key_authorization())
-        try:
-            async for result in super().subscribe(request, extra_args=args):
-                yield scrubbed(result, self._secrets())
-        except BaseException as exc:
-            args.clear()  # the traceback keeps this frame's locals
-            redact_chain(exc, self._secrets())
-            clear_locals(exc)
-            # gql raises this for any 401 to a subscription, body or not: a refusal.
-            if isinstance(exc, TransportServerError) and exc.code == 401:
-                raise api_key_error(Bare401(exc), []) from exc
-            raise
+        stream = guarded(
+            super().subscribe(
+                request,
+                extra_args=with_authorization(
+                    extra_args, self._credentials.api_key_authorization()
+                ),
+            ),
+            self._secrets,
+            on_refusal=_nothing,
+            on_401=lambda bare: api_key_error(bare, []),
+        )
+        async with contextlib.aclosing(stream):
+            async for result in stream:
+                yield result
 
 
 class OAuth2Transport(AuthenticatingTransport):
@@ -482,16 +436,10 @@ class OAuth2Transport(AuthenticatingTransport):
             kwargs["token_store"] = shared_store(store_url)
         del store_url
         return cls(
-            url if url is not None else env_url(environ, ENV_BASE_URL, GRAPHQL_PATH),
-            token_url=(
-                token_url if token_url is not None else env_url(environ, ENV_AUTH_URL, TOKEN_PATH)
-            ),
-            client_id=client_id if client_id is not None else read_env(environ, ENV_CLIENT_ID),
-            client_secret=(
-                client_secret
-                if client_secret is not None
-                else read_env(environ, ENV_CLIENT_SECRET)
-            ),
+            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
+            token_url=endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
+            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
+            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
             **kwargs,
         )
 
@@ -568,7 +516,7 @@ class OAuth2Transport(AuthenticatingTransport):
         async def send(token: AccessToken) -> Sent[ExecutionResult | Bare401]:
             args = with_authorization(extra_args, token.authorization)
             sending = parent(payload, extra_args=args, upload_files=upload_files)
-            return sent(await _answered(sending, self._secrets(token)))
+            return sent(await answered(sending, self._secrets(token)))
 
         facts = RequestFacts(query=is_query(taken), replayable=not upload_files)
         return await self._renewed(facts, send, min_ttl, first)
@@ -590,7 +538,7 @@ class OAuth2Transport(AuthenticatingTransport):
         async def send(token: AccessToken) -> Sent[list[ExecutionResult] | Bare401]:
             args = with_authorization(extra_args, token.authorization)
             return sent_batch(
-                await _answered(parent(payload, extra_args=args), self._secrets(token))
+                await answered(parent(payload, extra_args=args), self._secrets(token))
             )
 
         return await self._renewed(RequestFacts(batch=True), send, 0.0, None)
@@ -612,12 +560,7 @@ class OAuth2Transport(AuthenticatingTransport):
             first=first,
         )
         outcome = await drive_async(flow, get_token=self._get, send=send, sleep=asyncio.sleep)
-        if isinstance(outcome, Accepted):
-            assert not isinstance(outcome.raw, Bare401)  # a bare 401 is always a refusal
-            return scrubbed(outcome.raw, self._secrets(outcome.token))
-        if isinstance(outcome, Paused):
-            raise paused_error(outcome, self._tokens.refusal_answer)
-        raise refused_error(outcome, self._secrets(outcome.token))
+        return settled(outcome, self._tokens.refusal_answer, self._secrets)
 
     def _get(self, need: NeedToken) -> Awaitable[AccessToken]:
         return self._tokens.get(min_ttl=need.min_ttl, after=need.newer_than)
@@ -633,32 +576,23 @@ class OAuth2Transport(AuthenticatingTransport):
         A stream is never re-sent; a refusal drops the token so the next call renews it.
         """
         request = rebuild(snapshot(request))
-        error: UnauthenticatedError | None = None
-        try:
-            token = await self._tokens.get()
-        except RenewalPaused as signal:
-            last = self._tokens.refusal_answer
-            error = paused_error(Paused(signal.refusals, signal.remaining), last)
-        if error is not None:
-            raise error  # outside the except block: the signal stays out of the chain
-        # An async generator, which a boundary decorator cannot wrap without changing how
-        # it closes: its own handler does the boundary's work.
-        try:
-            async for result in super().subscribe(
+        token = await first_token(self._tokens)
+
+        def refused(bare: Bare401) -> UnauthenticatedError:
+            return subscription_refused(self._tokens, token, bare, self._max_renewals)
+
+        stream = guarded(
+            super().subscribe(
                 request, extra_args=with_authorization(extra_args, token.authorization)
-            ):
-                if is_refusal(result.errors):
-                    self._tokens.invalidate(token)
-                yield scrubbed(result, self._secrets(token))
-        except BaseException as exc:
-            redact_chain(exc, self._secrets(token))
-            clear_locals(exc)
-            # gql raises this for any 401 to a subscription, body or not: a refusal.
-            if isinstance(exc, TransportServerError) and exc.code == 401:
-                bare = Bare401(exc)
-                self._tokens.invalidate(token, answer=bare)
-                refused = Refused(
-                    token, Sent(BARE_401, bare), SUBSCRIPTION, True, self._max_renewals
-                )
-                raise refused_error(refused, []) from exc
-            raise
+            ),
+            lambda: self._secrets(token),
+            on_refusal=lambda: self._tokens.invalidate(token),
+            on_401=refused,
+        )
+        async with contextlib.aclosing(stream):
+            async for result in stream:
+                yield result
+
+
+def _nothing() -> None:
+    """An API key refused in a subscription's result changes nothing: the key stays."""

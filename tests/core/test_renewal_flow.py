@@ -24,6 +24,7 @@ from gql_service_auth._flow import (
     drive_sync,
     renewal_flow,
 )
+from gql_service_auth._ledger import RenewalPaused, RenewalSpent
 from gql_service_auth._refusal import (
     BARE_401,
     REFUSED_AGAIN_WHILE_RUNNING,
@@ -31,7 +32,6 @@ from gql_service_auth._refusal import (
     RequestFacts,
 )
 from gql_service_auth._token import AccessToken, TokenResponse, access_token
-from gql_service_auth._tokens import RenewalPaused, RenewalSpent
 
 OK = Sent(Answer.of_results([(None, {"x": 1})]), "ok")
 REFUSED = Sent(Answer.of_results([([{"extensions": {"code": "UNAUTHENTICATED"}}], None)]), "no")
