@@ -1,7 +1,7 @@
 """aiohttp plumbing of the aiohttp transports, which the decision core never sees.
 
-Sessions per event loop, the files of each upload per task, the post arguments shared by
-the requests of one token, and what a forked child does with its parent's connectors.
+Sessions per event loop (each with the token as a default header), the files of each
+upload per task, and what a forked child does with its parent's connectors.
 """
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import asyncio
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
-from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
+from aiohttp import hdrs
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
 from gql.transport.aiohttp import AIOHTTPTransport
 from gql.transport.file_upload import FileVar
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 from yarl import URL
 
 from . import (
@@ -27,7 +27,6 @@ from . import (
 )
 from ._config import check_url
 from ._errors import ConfigurationError
-from ._token import AccessToken
 
 # gql's transport keeps the files of an upload in one attribute per transport, opened
 # before the request and closed in a `finally` after it: concurrent uploads closed each
@@ -58,37 +57,23 @@ def with_authorization(extra_args: Mapping[str, Any] | None, authorization: str)
     return args
 
 
-class SharedArgs:
-    """The aiohttp ``post`` arguments of every request sent with one token.
+def install_token(session: aiohttp.ClientSession | None, authorization: str) -> None:
+    """Make ``authorization`` the ``Authorization`` default header of ``session``.
 
-    Built once per token, and shared by the requests that pass no ``extra_args``: building
-    a dict and a ``CIMultiDict`` per request cost more than the rest of this layer.
-    Read-only all the way down (aiohttp copies request headers into a new ``CIMultiDict``),
-    so concurrent requests cannot see each other's header; a new token gets new arguments.
-    Its ``repr`` hides the header, which ``vars(transport)`` would show.
+    Called right before gql's ``execute`` on the session's own loop, with no await in
+    between: gql builds its post arguments and aiohttp copies the session's default
+    headers into the request's before their first await, so the request carries this
+    header whatever another request on the loop installs next. A session is its loop's
+    alone (see ``AuthenticatingTransport.session``), and shows no header in its ``repr``.
     """
-
-    __slots__ = ("args", "token")
-
-    def __init__(self, token: AccessToken) -> None:
-        #: The token these arguments carry; compared by identity.
-        self.token = token
-        headers = CIMultiDictProxy(CIMultiDict({"Authorization": token.authorization}))
-        # gql annotates extra_args as a dict, and only reads it.
-        self.args = cast("dict[str, Any]", MappingProxyType({"headers": headers}))
-
-    def __repr__(self) -> str:
-        return "<SharedArgs Authorization='***'>"
-
-    def __reduce__(self) -> Any:
-        raise TypeError("SharedArgs is rebuilt, not copied")
+    if session is not None:  # not connected: gql raises TransportClosed
+        headers = session.headers
+        if headers.get(hdrs.AUTHORIZATION) is not authorization:
+            headers[hdrs.AUTHORIZATION] = authorization
 
 
 class AuthenticatingTransport(AIOHTTPTransport):
     """What both transports share: argument checks, sessions per event loop, copying."""
-
-    # The post arguments of the token last sent without extra_args (see SharedArgs).
-    _shared_args: SharedArgs | None = None
 
     def __init__(
         self,
@@ -172,14 +157,13 @@ class AuthenticatingTransport(AIOHTTPTransport):
     def files(self, value: dict[str, FileVar]) -> None:
         _UPLOAD_FILES.set((self, value))
 
-    # pickle and copy.deepcopy copy the settings, never the sessions (bound to a loop), the
-    # last answer's headers nor a token's post arguments; the token manager drops its own
-    # runtime state.
+    # pickle and copy.deepcopy copy the settings, never the sessions (bound to a loop, and
+    # holding the token as a default header) nor the last answer's headers; the token
+    # manager drops its own runtime state.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_sessions"] = {}
         state.pop("response_headers", None)
-        state.pop("_shared_args", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

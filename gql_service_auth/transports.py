@@ -29,7 +29,7 @@ from gql.transport.exceptions import TransportError
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._aiohttp import AuthenticatingTransport, SharedArgs, with_authorization
+from ._aiohttp import AuthenticatingTransport, install_token, with_authorization
 from ._aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
 from ._aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
 from ._config import check_url, endpoint_or_env, given_or_env
@@ -483,11 +483,12 @@ class OAuth2Transport(AuthenticatingTransport):
         if extra_args:
             args = with_authorization(extra_args, token.authorization)
         else:
-            shared = self._shared_args
-            if shared is None or shared.token is not token:
-                # Rebound once per token: what requests in flight read never changes.
-                shared = self._shared_args = SharedArgs(token)
-            args = shared.args
+            # The token as a default header of this loop's session, as the API key is:
+            # aiohttp merges per-request headers into the defaults at a cost. Safe with
+            # concurrent requests: aiohttp copies the defaults before its first await,
+            # and no await comes between this and that copy (see install_token).
+            install_token(self.session, token.authorization)
+            args = None
         try:
             answer = await super().execute(request, extra_args=args, upload_files=upload_files)
         except TransportError as exc:
