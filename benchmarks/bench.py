@@ -305,11 +305,6 @@ class _CannedSession:
     def __init__(self, session: Any) -> None:
         self._session = session
 
-    @property
-    def headers(self) -> Any:
-        """The wrapped session's default headers, which a transport may set."""
-        return self._session.headers
-
     def post(self, *_: Any, headers: Any = None, **__: Any) -> _CannedResponse:
         self._session._prepare_headers(headers)
         return _CannedResponse()

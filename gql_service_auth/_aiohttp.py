@@ -1,7 +1,7 @@
 """aiohttp plumbing of the aiohttp transports, which the decision core never sees.
 
-Sessions per event loop (each with the token as a default header), the files of each
-upload per task, and what a forked child does with its parent's connectors.
+Sessions per event loop, the files of each upload per task, the post arguments shared by
+the requests of one credential, and what a forked child does with its parent's connectors.
 """
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import asyncio
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
-from typing import Any
+from types import MappingProxyType
+from typing import Any, cast
 
 import aiohttp
-from aiohttp import hdrs
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
 from gql.transport.aiohttp import AIOHTTPTransport
 from gql.transport.file_upload import FileVar
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from . import (
@@ -34,12 +34,6 @@ from ._errors import ConfigurationError
 _UPLOAD_FILES: ContextVar[tuple[object, dict[str, FileVar]] | None] = ContextVar(
     "gql_service_auth_upload_files", default=None
 )
-
-# Connectors a forked child inherited with its parent's sessions. Their sockets are the
-# parent's, registered in an epoll instance parent and child share: closing them here
-# would unregister them for the parent too. They stay referenced, unused, for the
-# child's life.
-_FORK_ORPHANS: list[aiohttp.BaseConnector] = []
 
 
 def with_authorization(extra_args: Mapping[str, Any] | None, authorization: str) -> dict[str, Any]:
@@ -57,23 +51,42 @@ def with_authorization(extra_args: Mapping[str, Any] | None, authorization: str)
     return args
 
 
-def install_token(session: aiohttp.ClientSession | None, authorization: str) -> None:
-    """Make ``authorization`` the ``Authorization`` default header of ``session``.
+class SharedArgs:
+    """The aiohttp ``post`` arguments of every request sent with one credential.
 
-    Called right before gql's ``execute`` on the session's own loop, with no await in
-    between: gql builds its post arguments and aiohttp copies the session's default
-    headers into the request's before their first await, so the request carries this
-    header whatever another request on the loop installs next. A session is its loop's
-    alone (see ``AuthenticatingTransport.session``), and shows no header in its ``repr``.
+    Built once per token (or once for an API key), and shared by the requests that pass no
+    ``extra_args``: building a dict and a ``CIMultiDict`` per request cost more than the
+    rest of this layer. Read-only all the way down (aiohttp copies request headers into a
+    new ``CIMultiDict``), so concurrent requests cannot see each other's header; a new
+    token gets new arguments. Its ``repr`` hides the header, which ``vars(transport)``
+    would show.
+
+    The credential is never a default header of the session: aiohttp copies a session's
+    default headers into the ``CONNECT`` request it sends a forward proxy, in clear text,
+    and into any request a user makes with ``transport.session``.
     """
-    if session is not None:  # not connected: gql raises TransportClosed
-        headers = session.headers
-        if headers.get(hdrs.AUTHORIZATION) is not authorization:
-            headers[hdrs.AUTHORIZATION] = authorization
+
+    __slots__ = ("args", "source")
+
+    def __init__(self, source: object, authorization: str) -> None:
+        #: What the header was made from (a token, the credentials); compared by identity.
+        self.source = source
+        headers = CIMultiDictProxy(CIMultiDict({"Authorization": authorization}))
+        # gql annotates extra_args as a dict, and only reads it.
+        self.args = cast("dict[str, Any]", MappingProxyType({"headers": headers}))
+
+    def __repr__(self) -> str:
+        return "<SharedArgs Authorization='***'>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("SharedArgs is rebuilt, not copied")
 
 
 class AuthenticatingTransport(AIOHTTPTransport):
     """What both transports share: argument checks, sessions per event loop, copying."""
+
+    # The post arguments of the credential last sent without extra_args (see SharedArgs).
+    _shared_args: SharedArgs | None = None
 
     def __init__(
         self,
@@ -157,12 +170,13 @@ class AuthenticatingTransport(AIOHTTPTransport):
     def files(self, value: dict[str, FileVar]) -> None:
         _UPLOAD_FILES.set((self, value))
 
-    # pickle and copy.deepcopy copy the settings, never the sessions (bound to a loop, and
-    # holding the token as a default header) nor the last answer's headers; the token
-    # manager drops its own runtime state.
+    # pickle and copy.deepcopy copy the settings, never the sessions (bound to a loop), the
+    # last answer's headers nor a credential's post arguments; the token manager drops its
+    # own runtime state.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_sessions"] = {}
+        state.pop("_shared_args", None)
         state.pop("response_headers", None)
         return state
 
@@ -179,5 +193,5 @@ class AuthenticatingTransport(AIOHTTPTransport):
                 # it leaves them alone. A private flag, the one aiohttp's own close() sets.
                 if hasattr(connector, "_closed"):
                     connector._closed = True
-                _FORK_ORPHANS.append(connector)
+                _fork.keep_orphan(connector)
         self._sessions = {}

@@ -66,4 +66,5 @@ class _AiohttpRecords:
                 response._request_info = _redacted_info(response.request_info)
 
 
-register(_AiohttpRecords())
+# aiosignal: aiohttp's trace signals, whose frames hold a request's headers.
+register(_AiohttpRecords(), modules=("aiohttp", "aiosignal", "multidict", "yarl"))

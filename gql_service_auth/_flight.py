@@ -95,19 +95,32 @@ def wait_blocking(flight: Flight, timeout: float) -> AccessToken:
     """The outcome of ``flight``, waited for by blocking the calling thread.
 
     The fetch publishes an outcome within its own deadline; ``timeout`` is a second bound,
-    so that no caller ever waits without end on a fetch that a bug left unpublished.
+    so that no caller ever waits without end on a fetch that a bug left unpublished. A
+    failure is raised as this caller's own copy, outside any ``except`` block: the shared
+    error never takes a ``__context__`` from one of the threads that raised it.
     """
     try:
-        return flight.future.result(timeout)
+        error = flight.future.exception(timeout)
     except concurrent.futures.TimeoutError:
         error = TokenRequestError(
             f"no token within {timeout:g} s",
             retryable=True,
             hint="The token endpoint is too slow; check token_url and the network",
         )
-    except BaseException as exc:
-        raise own_copy(exc) from None
+    else:
+        if error is None:
+            return flight.future.result()
+        error = own_copy(error)
     raise error
+
+
+def no_thread_here() -> TokenRequestError:
+    """The error of a blocking wait that must fetch itself, on a thread running a loop."""
+    return TokenRequestError(
+        "no thread could be started for the token fetch, and this thread runs an event loop",
+        retryable=True,
+        hint="Await get() on this loop, or call from a thread without a running loop",
+    )
 
 
 def fetch_failure(exc: BaseException, limit: float) -> BaseException:

@@ -22,6 +22,18 @@ class ForkAware(Protocol):
 
 _registered: weakref.WeakSet[ForkAware] = weakref.WeakSet()
 
+# What a forked child inherited and must neither use nor close: sockets and threads of the
+# parent (aiohttp connectors, a Redis client and its loop thread). Their sockets are
+# registered in an epoll instance parent and child share, so closing them in the child
+# would unregister them for the parent too. They stay referenced, unused, for the child's
+# life.
+_orphans: list[object] = []
+
+
+def keep_orphan(obj: object) -> None:
+    """Keep ``obj``, inherited from the parent, referenced and untouched in this child."""
+    _orphans.append(obj)
+
 
 def reset_in_child(obj: ForkAware) -> None:
     """Call ``obj._after_fork_in_child()`` in the child of every later ``fork()``."""

@@ -65,10 +65,14 @@ class RecordScrubber(Protocol):
 _SCRUBBERS: list[RecordScrubber] = []
 
 
-def register(scrubber: RecordScrubber) -> None:
-    """Have :func:`redact_chain` scrub the records of a stack's exceptions too."""
+def register(scrubber: RecordScrubber, modules: tuple[str, ...]) -> None:
+    """Have :func:`redact_chain` scrub the records of a stack's exceptions too, and
+    :func:`clear_locals` the frames of its ``modules`` (name prefixes), which hold
+    requests' headers."""
+    global _LIBRARY_MODULES
     if scrubber not in _SCRUBBERS:
         _SCRUBBERS.append(scrubber)
+    _LIBRARY_MODULES += tuple(m for m in modules if m not in _LIBRARY_MODULES)
 
 
 def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
@@ -112,19 +116,16 @@ def _mask_unencodable(link: UnicodeEncodeError) -> None:
         link.args = tuple(masked if arg == text else arg for arg in link.args)
 
 
-_LIBRARY_MODULES: Final = (
-    "aiohttp",
-    "aiosignal",  # aiohttp's trace signals: their frames hold a request's headers
+_LIBRARY_MODULES: tuple[str, ...] = (
     "asyncio",
     "concurrent.futures",
     "gql.",
     "gql_service_auth",
     "json",
-    "multidict",
     "tenacity",
-    "yarl",
 )
-"""Modules whose frames may hold a request's credentials, and whose locals are cleared."""
+"""Modules whose frames may hold a request's credentials, and whose locals are cleared;
+each HTTP stack's adapter adds its own (:func:`register`)."""
 
 
 def clear_locals(exc: BaseException) -> None:

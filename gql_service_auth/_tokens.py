@@ -35,7 +35,14 @@ from . import _fork
 from ._constants import FETCH_GRACE, RENEWAL_RETRY_MIN
 from ._errors import TokenRequestError
 from ._events import AuthEvent, Emitter
-from ._flight import Flight, failure_event, fetch_failure, wait_async, wait_blocking
+from ._flight import (
+    Flight,
+    failure_event,
+    fetch_failure,
+    no_thread_here,
+    wait_async,
+    wait_blocking,
+)
 from ._ledger import Refusals, RenewalFailures, RenewalPaused, RenewalSpent
 from ._loop_thread import close_own_loop
 from ._provenance import Origin
@@ -47,6 +54,12 @@ if TYPE_CHECKING:
 
 
 _Steps = Generator[Flight, AccessToken, AccessToken]
+
+# fmt: off
+_SETTINGS = ("_fetch", "_shared", "_refresh_margin", "_default_expires_in", "_fetch_timeout",
+             "_cooldown", "_max_attempts", "_renewal_backoff", "_clock", "_emit")
+# fmt: on
+"""What a copy of a manager keeps (all that ``__init__`` was given): no token, no state."""
 
 _MAX_STEPS = 4
 """Fetches one call may wait for: its own, an upload's renewal of it, and both again when a
@@ -125,22 +138,7 @@ class TokenManager:
     # A transport is copied (pickle, copy.deepcopy) with its settings, not with its token,
     # flights or locks: the copy starts cold, as a new transport would.
     def __getstate__(self) -> dict[str, Any]:
-        keep = (
-            "_fetch",
-            "_refresh_margin",
-            "_default_expires_in",
-            "_fetch_timeout",
-            "_max_attempts",
-            "_shared",
-        )
-        state = {name: self.__dict__[name] for name in keep}
-        state.update(
-            _cooldown=self._cooldown,
-            _renewal_backoff=self._renewal_backoff,
-            _clock=self._clock,
-            _emit=self._emit,
-        )
-        return state
+        return {name: self.__dict__[name] for name in _SETTINGS}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -351,8 +349,12 @@ class TokenManager:
 
     def _outcome_blocking(self, flight: Flight) -> AccessToken:
         if flight.private:
-            self._run(flight)
-            return flight.future.result()
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                self._run(flight)
+                return flight.future.result()
+            raise no_thread_here()  # nor a loop of its own, on a thread running one
         return wait_blocking(flight, self._fetch_timeout + FETCH_GRACE)
 
     def _fallback(self, after: int) -> AccessToken | None:

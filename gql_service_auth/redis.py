@@ -69,10 +69,6 @@ _MAX_CALLS = 32
 """Store calls under way at once, at most: the others queue, rather than overflow the
 client's connection pool (redis-py raises at 100), which would pass for an outage."""
 
-# Clients a forked child inherited: their sockets are the parent's, registered in an epoll
-# instance both share, so closing them here would unregister them for the parent too.
-_FORK_ORPHANS: list[object] = []
-
 
 class _Hidden:
     """Holds a value that ``repr`` and ``vars()`` must not show (a URL with a password)."""
@@ -429,7 +425,7 @@ class RedisTokenStore(TokenStore):
         # The store's thread is not in the child, and the client's sockets are the
         # parent's: both stay referenced, unused, and the child starts its own.
         self._finalizer.detach()
-        _FORK_ORPHANS.append(self._running)
+        _fork.keep_orphan(self._running)
         self._start()
         if self._given is not None:
             given = self._given.value

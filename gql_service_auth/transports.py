@@ -29,7 +29,7 @@ from gql.transport.exceptions import TransportError
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._aiohttp import AuthenticatingTransport, install_token, with_authorization
+from ._aiohttp import AuthenticatingTransport, SharedArgs, with_authorization
 from ._aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
 from ._aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
 from ._config import check_url, endpoint_or_env, given_or_env
@@ -146,19 +146,6 @@ class ApiKeyTransport(AuthenticatingTransport):
             json_deserialize, client_session_args, allow_insecure_http=allow_insecure_http,
         )  # fmt: skip
 
-    async def connect(self) -> None:
-        """Open this event loop's aiohttp session, which sends the API key on every request.
-
-        The key never changes, so it is one of the new session's default headers, set
-        before the session serves any request: aiohttp merges a per-request header into
-        the defaults on every request, which costs more than the rest of this layer. The
-        session is this loop's alone, and shows no header in its ``repr``.
-        """
-        await super().connect()
-        session = self.session
-        assert session is not None
-        session.headers["Authorization"] = self._credentials.api_key_authorization()
-
     @classmethod
     @forgets_on_error
     def from_env(
@@ -209,12 +196,14 @@ class ApiKeyTransport(AuthenticatingTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
-        # Without extra_args, the header is the session's own (see connect).
-        args = (
-            with_authorization(extra_args, self._credentials.api_key_authorization())
-            if extra_args
-            else None
-        )
+        if extra_args:
+            args = with_authorization(extra_args, self._credentials.api_key_authorization())
+        else:
+            shared = self._shared_args
+            if shared is None:  # built once: the key never changes
+                authorization = self._credentials.api_key_authorization()
+                shared = self._shared_args = SharedArgs(self._credentials, authorization)
+            args = shared.args
         try:
             answer = await super().execute(request, extra_args=args, upload_files=upload_files)
         except TransportError as exc:
@@ -238,8 +227,11 @@ class ApiKeyTransport(AuthenticatingTransport):
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
         args = with_authorization(extra_args, self._credentials.api_key_authorization())
-        answers = await answered(super().execute_batch(reqs, extra_args=args), self._secrets())
-        if isinstance(answers, Bare401) or any(is_refusal(a.errors) for a in answers):
+        try:
+            answers = await super().execute_batch(reqs, extra_args=args)
+        except TransportError as exc:
+            raise api_key_error(bare_401(exc, self._secrets()), self._secrets()) from exc
+        if any(is_refusal(answer.errors) for answer in answers):
             raise api_key_error(answers, self._secrets())
         return scrubbed(answers, self._secrets())
 
@@ -369,6 +361,7 @@ class OAuth2Transport(AuthenticatingTransport):
             default_expires_in=default_expires_in,
             max_renewals=max_renewals,
         )
+        scope = joined_scope(scope)
         super().__init__(
             url, headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
             json_deserialize, client_session_args, allow_insecure_http=allow_insecure_http,
@@ -382,7 +375,7 @@ class OAuth2Transport(AuthenticatingTransport):
             token_url,
             credentials,
             post=AiohttpFormPoster(ssl=self.ssl, session=token_session),
-            scope=joined_scope(scope),
+            scope=scope,
             token_params=token_params,
             token_auth_method=token_auth_method,
             refresh_margin=refresh_margin,
@@ -434,7 +427,6 @@ class OAuth2Transport(AuthenticatingTransport):
 
             # One per URL per process: a transport per job must not open a store per job.
             kwargs["token_store"] = shared_store(store_url)
-        del store_url
         return cls(
             endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
             token_url=endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
@@ -483,12 +475,11 @@ class OAuth2Transport(AuthenticatingTransport):
         if extra_args:
             args = with_authorization(extra_args, token.authorization)
         else:
-            # The token as a default header of this loop's session, as the API key is:
-            # aiohttp merges per-request headers into the defaults at a cost. Safe with
-            # concurrent requests: aiohttp copies the defaults before its first await,
-            # and no await comes between this and that copy (see install_token).
-            install_token(self.session, token.authorization)
-            args = None
+            shared = self._shared_args
+            if shared is None or shared.source is not token:
+                # Rebound once per token: what requests in flight read never changes.
+                shared = self._shared_args = SharedArgs(token, token.authorization)
+            args = shared.args
         try:
             answer = await super().execute(request, extra_args=args, upload_files=upload_files)
         except TransportError as exc:

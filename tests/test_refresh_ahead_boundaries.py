@@ -189,24 +189,32 @@ async def test_refresh_margin_zero_and_tiny_default_expires_in(
     assert emulator.counters.token_requests == 2
 
 
-async def test_vars_and_copies_of_a_transport_in_use_hide_the_token(
+async def test_shared_args_copies_and_vars_hide_the_token(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
-    """The token sits in the loop's session as a default header: no repr shows it."""
     transport = make_oauth2(clock=time.monotonic, on_event=None)  # picklable settings
     async with Client(transport=transport) as session:
         await session.execute(COUNT)
-        await session.execute(COUNT)  # the fast path sets the session's header
-        assert transport.token is not None
-        value = transport.token.value
-        assert value not in repr(vars(transport))
-        assert value not in repr(transport.session)
-        for clone in (
-            copy.copy(transport),
-            copy.deepcopy(transport),
-            pickle.loads(pickle.dumps(transport)),
-        ):
-            assert value not in repr(vars(clone))
+        await session.execute(COUNT)  # the fast path builds the shared arguments
+    assert transport.token is not None
+    value = transport.token.value
+    assert transport._shared_args is not None
+    assert value not in repr(vars(transport))
+    assert value not in repr(transport._shared_args)
+    for clone in (
+        copy.copy(transport),
+        copy.deepcopy(transport),
+        pickle.loads(pickle.dumps(transport)),
+    ):
+        assert getattr(clone, "_shared_args", None) is None
+        assert value not in repr(vars(clone))
+    with pytest.raises(TypeError):
+        copy.copy(transport._shared_args)
+    # read-only: a caller cannot mutate what concurrent requests share
+    with pytest.raises(TypeError):
+        transport._shared_args.args["headers"] = {}  # type: ignore[index]
+    with pytest.raises(TypeError):
+        transport._shared_args.args["headers"]["Authorization"] = "x"
 
 
 async def test_connection_failure_keeps_no_token_in_frame_locals(

@@ -102,3 +102,54 @@ def test_a_blocking_wait_is_bounded_by_the_fetch_deadline() -> None:
     tokens = manager(Fetcher(delay=30.0), fetch_timeout=0.3)
     with pytest.raises(TokenRequestError, match=r"did not finish within 0\.3 s"):
         tokens.get_blocking()
+
+
+def test_a_blocking_callers_error_chain_holds_nothing_of_another_thread() -> None:
+    """Each thread raises its own copy, outside any except: no other thread's context."""
+    tokens = manager(Fetcher(delay=0.3, fail=True))
+    go = threading.Barrier(2)
+
+    def while_handling_a_secret() -> object:
+        go.wait()
+        try:
+            raise ValueError("thread A's own error: hunter2")
+        except ValueError:
+            return tokens.get_blocking()
+
+    def plainly() -> object:
+        go.wait()
+        return tokens.get_blocking()
+
+    first, second = in_threads([while_handling_a_secret, plainly])
+    assert isinstance(first, TokenRequestError)
+    assert isinstance(second, TokenRequestError)
+    chain, link = [], second
+    while link is not None and len(chain) < 10:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    assert not any("hunter2" in str(e) for e in chain)
+
+
+def test_a_blocking_caller_keeps_the_cause_of_a_fetch_that_broke() -> None:
+    async def broken() -> TokenResponse:
+        raise ZeroDivisionError("a bug in the fetcher")
+
+    tokens = TokenManager(broken, refresh_margin=60.0, default_expires_in=3600.0, fetch_timeout=5)
+    with pytest.raises(TokenRequestError, match="ZeroDivisionError") as info:
+        tokens.get_blocking()
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+async def test_a_blocking_wait_on_a_loop_thread_without_threads_fails_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No thread for the fetch, and a loop running here: an error, never a stuck loop."""
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    tokens = manager(Fetcher(delay=0.0))
+    with pytest.raises(TokenRequestError, match="this thread runs an event loop"):
+        tokens.get_blocking()
+    assert (await tokens.get()).value == "token-1"  # on the loop, it fetches for itself
