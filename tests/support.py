@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +33,19 @@ RENAME = gql('mutation { renameCarrier(id: "carrier-001", name: "Renamed") { id 
 UPLOAD = gql("mutation ($file: Upload!) { uploadDocument(file: $file) { filename size } }")
 
 UNAUTHENTICATED_ERROR = {"message": "expired", "extensions": {"code": "UNAUTHENTICATED"}}
+
+
+@contextlib.contextmanager
+def closed_port() -> Iterator[int]:
+    """A port on 127.0.0.1 where connections are refused, for as long as the block runs.
+
+    The socket stays bound without listening: unlike a port that was free a moment ago,
+    no other server (another pytest-xdist worker's, say) can take it meanwhile.
+    """
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port: int = holder.getsockname()[1]
+        yield port
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:

@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 from gql import Client, GraphQLRequest, gql
 from gql.transport.exceptions import TransportError, TransportQueryError, TransportServerError
-from support import COUNT, RENAME, UNAUTHENTICATED_ERROR, secrets_shown
+from support import COUNT, RENAME, UNAUTHENTICATED_ERROR, closed_port, secrets_shown
 from yarl import URL
 
 from gql_service_auth import (
@@ -709,11 +709,7 @@ async def test_a_failing_proxy_shows_its_password_nowhere_in_the_chain_or_its_fr
     wrong = "emu-secret-WrongProxyPasswordGiven"
     with contextlib.ExitStack() as stack:
         if failure == "unreachable":
-            import socket
-
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                proxy = f"http://127.0.0.1:{probe.getsockname()[1]}"
+            proxy = f"http://127.0.0.1:{stack.enter_context(closed_port())}"
         else:
             running = stack.enter_context(
                 _running_proxy(tmp_path / "proxy", "--basic-auth", f"tester:{PROXY_PASSWORD}")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 
 import pytest
 from gql import Client
 from gql.transport.exceptions import TransportQueryError
-from support import COUNT, wait_until
+from support import COUNT, closed_port, wait_until
 
 from gql_service_auth import AuthEvent, OAuth2Transport, RetryPolicy, TokenRequestError
 from gql_service_auth.emulator import ClientRecord, Emulator
@@ -204,14 +203,12 @@ async def test_unreachable_token_endpoint_is_retried_then_reported(
     make_oauth2: Callable[..., OAuth2Transport],
 ) -> None:
     """Connection refused is retried within the bound and reported as retryable."""
-    with socket.socket() as probe:  # a port that was free a moment ago, with nobody listening
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     policy = RetryPolicy(attempts=2, wait_initial=0, wait_max=0, wait_jitter=0)
-    transport = make_oauth2(token_url=f"http://127.0.0.1:{port}/oauth2/token", retry=policy)
-    async with Client(transport=transport) as session:
-        with pytest.raises(TokenRequestError, match="could not reach") as caught:
-            await session.execute(COUNT)
+    with closed_port() as port:
+        transport = make_oauth2(token_url=f"http://127.0.0.1:{port}/oauth2/token", retry=policy)
+        async with Client(transport=transport) as session:
+            with pytest.raises(TokenRequestError, match="could not reach") as caught:
+                await session.execute(COUNT)
     assert caught.value.status is None
     assert caught.value.retryable
     assert caught.value.attempts == 2

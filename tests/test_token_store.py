@@ -24,7 +24,15 @@ import pytest
 import support
 from gql import Client
 from redis_server import RedisServer
-from support import COUNT, Fleet, execute_on_threads, query, wait_until, with_store
+from support import (
+    COUNT,
+    Fleet,
+    closed_port,
+    execute_on_threads,
+    query,
+    wait_until,
+    with_store,
+)
 
 from gql_service_auth import (
     AuthEvent,
@@ -296,10 +304,11 @@ async def test_redis_down_never_fails_a_query(
     emulator: Emulator, caplog: pytest.LogCaptureFixture
 ) -> None:
     """With nothing listening, queries succeed, one event and warning say so, then a cooldown."""
-    from redis_server import free_port
-
     events: list[AuthEvent] = []
-    with RedisTokenStore.from_url(f"redis://127.0.0.1:{free_port()}/0") as store:
+    with (
+        closed_port() as port,
+        RedisTokenStore.from_url(f"redis://127.0.0.1:{port}/0") as store,
+    ):
         transport = with_store(emulator, store, events)
         await query(transport, times=5)
         emulator.revoke_tokens()
@@ -451,32 +460,14 @@ def test_redis_killed_and_restarted_fails_no_query(
     assert sum(o["events"].get("token_store_failed", 0) for o in outcomes) >= 1
 
 
-def cluster_port() -> int:
-    """A free port on 127.0.0.1 whose cluster bus port (+10000) is free as well."""
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as probe, socket.socket() as bus:
-            probe.bind(("127.0.0.1", 0))
-            port: int = probe.getsockname()[1]
-            if port + 10000 > 65535:
-                continue
-            try:
-                bus.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
-
-
 async def test_a_redis_cluster_client_works(emulator: Emulator, own_redis: RedisServer) -> None:
     """On a cluster (one node, every slot), the hash-tagged keys let the scripts run."""
     from redis.asyncio.cluster import RedisCluster
-    from redis_server import command
+    from redis_server import command, free_port
 
     own_redis.stop()
     # A node's cluster bus listens on its port + 10000, which must be a port too.
-    own_redis.port = cluster_port()
+    own_redis.port = free_port(with_bus=True)
     own_redis.start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
     assert b"+OK" in command(own_redis.port, "CLUSTER", "ADDSLOTS", *map(str, range(16384)))
     await wait_until(lambda: b"cluster_state:ok" in command(own_redis.port, "CLUSTER", "INFO"))

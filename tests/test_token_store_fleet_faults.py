@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from gql import Client
-from redis_server import RedisServer, command, free_port
-from support import COUNT, Fleet, fleet_config, query, with_store
+from redis_server import RedisServer, command
+from support import COUNT, Fleet, closed_port, fleet_config, query, with_store
 
 from gql_service_auth import (
     AuthEvent,
@@ -290,12 +290,12 @@ async def test_a_store_failure_names_the_redis_and_the_cause_once_per_store(
     emulator: Emulator,
 ) -> None:
     """5 transports, Redis down: one token_store_failed naming host, port and cause."""
-    port = free_port()
     events: list[AuthEvent] = []
-    url = f"redis://user:store-password-4f1c@127.0.0.1:{port}/2?socket_keepalive=true"
-    with RedisTokenStore.from_url(url) as store:
-        for _ in range(5):
-            await query(with_store(emulator, store, events))
+    with closed_port() as port:
+        url = f"redis://user:store-password-4f1c@127.0.0.1:{port}/2?socket_keepalive=true"
+        with RedisTokenStore.from_url(url) as store:
+            for _ in range(5):
+                await query(with_store(emulator, store, events))
     failed = [e for e in events if e.name == "token_store_failed"]
     assert len(failed) == 1  # before: one per transport
     assert failed[0].store == f"redis://127.0.0.1:{port}/2"
