@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -309,3 +310,37 @@ def test_the_retry_backoff_doubles_up_to_its_cap_plus_jitter() -> None:
     assert policy.wait_before(10_000) == 1.0
     jittered = RetryPolicy(wait_initial=0.1, wait_max=1.0, wait_jitter=0.5)
     assert all(0.1 <= jittered.wait_before(1) <= 0.6 for _ in range(100))
+
+
+@pytest.mark.parametrize("args", [[("trust_env", True)], "trust_env=1", 5])
+def test_client_session_args_that_are_not_a_mapping_are_a_configuration_error(
+    make_oauth2: Callable[..., OAuth2Transport], args: object
+) -> None:
+    """Read at construction for the token session's defaults: refused by name, not with
+    an AttributeError from inside the package."""
+    with pytest.raises(ConfigurationError, match="client_session_args must be a dict"):
+        make_oauth2(client_session_args=args)
+
+
+@pytest.mark.parametrize("cls", [ApiKeyTransport, OAuth2Transport])
+def test_the_repr_of_a_transport_whose_constructor_failed_does_not_raise(
+    cls: type[ApiKeyTransport] | type[OAuth2Transport],
+) -> None:
+    """A debugger or a crash reporter shows the half-built ``self`` of a failed __init__."""
+    assert repr(cls.__new__(cls)) == f"<{cls.__name__} url='None'>"
+
+
+def test_a_query_in_the_base_url_stays_after_the_path(emulator: Emulator) -> None:
+    """?key=1 must not become ?key=1/graphql, whose path is / (the service answers 404)."""
+    environ = {
+        **emulator.environ(),
+        "SERVICE_BASE_URL": emulator.base_url + "/?key=1",
+        "SERVICE_AUTH_URL": emulator.auth_url + "?key=2",
+    }
+    transport = OAuth2Transport.from_env(environ)
+    assert str(transport.url) == emulator.base_url + "/graphql?key=1"
+    assert str(transport.token_url) == emulator.auth_url + "/oauth2/token?key=2"
+    api_key = ApiKeyTransport.from_env(
+        {**environ, "SERVICE_BASE_URL": emulator.base_url + "/graphql/?key=1"}
+    )
+    assert str(api_key.url) == emulator.base_url + "/graphql?key=1"
