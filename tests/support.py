@@ -352,6 +352,37 @@ def shown(exc: BaseException, secrets: Iterable[str]) -> list[str]:
     return secrets_shown(exc, secrets, own=TESTS)
 
 
+def unfolded(root: object, depth: int = 2) -> str:
+    """What a debugger or a crash reporter shows of ``root``, unfolded ``depth`` levels down.
+
+    ``repr(vars(x))`` of ``root`` and of every object its attributes hold, then theirs, down
+    to ``depth`` (0: ``root``'s own). Objects without a ``__dict__`` (slots, builtin values)
+    are seen through their repr only, as in ``vars`` of the object holding them. No
+    attribute is named: private ones may be renamed without touching the tests.
+    """
+    texts = [_repr_or_note(root)]
+    seen: set[int] = set()
+    level: list[object] = [root]
+    for _ in range(depth + 1):
+        below: list[object] = []
+        for obj in level:
+            if id(obj) in seen or not hasattr(obj, "__dict__") or isinstance(obj, type):
+                continue
+            seen.add(id(obj))
+            attributes = dict(vars(obj))
+            texts.append(_repr_or_note(attributes))
+            below += attributes.values()
+        level = below
+    return "\n".join(texts)
+
+
+def _repr_or_note(obj: object) -> str:
+    try:
+        return repr(obj)
+    except Exception:
+        return "<repr raised>"
+
+
 # -- Threads, event loops and forked children ---------------------------------------
 
 Outcome = tuple[threading.Thread, list[object]]

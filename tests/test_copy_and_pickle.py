@@ -8,6 +8,7 @@ process is caught by the same ``except`` clauses.
 from __future__ import annotations
 
 import copy
+import gc
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -26,14 +27,16 @@ from support import (
     COUNT,
     GQL_401,
     KINDS,
+    SLOW_MACHINE,
     build_transport,
+    query,
     run_python,
+    with_store,
 )
 
 import gql_service_auth
 from gql_service_auth import (
     ApiKeyRejectedHTTPError,
-    OAuth2Transport,
     UnauthenticatedHTTPError,
 )
 from gql_service_auth.emulator import Emulator
@@ -70,16 +73,25 @@ async def test_a_copy_of_a_used_oauth2_transport_fetches_its_own_token(
     assert emulator.counters.token_requests == 2
 
 
-def test_deepcopy_of_a_transport_with_a_store(redis_server: RedisServer) -> None:
+async def test_deepcopy_of_a_transport_with_a_store(
+    live_emulator: Emulator, redis_server: RedisServer
+) -> None:
     """pickle and copy.deepcopy of a transport work with a store, and the copy shares it."""
-    with RedisTokenStore.from_url(redis_server.url) as store:
-        kw = dict(token_url="https://auth.example/token", client_id="cid", client_secret="s" * 20)
-        shared = OAuth2Transport("https://api.example/graphql", token_store=store, **kw)
-        copied = copy.deepcopy(shared)
-        assert copied._tokens._shared._store is store
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
+        shared = with_store(live_emulator, store)
+        copied, unused_copy = copy.deepcopy(shared), copy.deepcopy(shared)
         thawed = pickle.loads(pickle.dumps(shared))
-        assert isinstance(thawed._tokens._shared._store, RedisTokenStore)
-        thawed._tokens._shared._store.close()
+        await query(shared)
+        await query(copied)  # loads the token shared stored
+        await query(thawed)  # loads it too: a Redis store of its own, rebuilt from the URL
+        assert live_emulator.counters.token_requests == 1
+        store.close()
+        # The copy's store is the very one closed: it fetches for itself. A store of its
+        # own on that Redis would have loaded the stored token.
+        await query(unused_copy)
+        assert live_emulator.counters.token_requests == 2
+        del thawed  # and its own store, closed when collected
+        gc.collect()
 
 
 @pytest.mark.parametrize("kind", [UnauthenticatedHTTPError, ApiKeyRejectedHTTPError])

@@ -40,6 +40,7 @@ from support import (
     secrets_shown,
     shown,
     sync_execute,
+    unfolded,
     upload,
     with_store,
 )
@@ -937,8 +938,9 @@ async def test_no_secret_in_the_error_when_redis_and_the_token_endpoint_fail(
         transport = with_store(live_emulator, store, events)
         with pytest.raises(TokenRequestError) as info:
             await query(transport)
-        texts = repr(store) + repr(vars(store)) + repr(transport) + repr(vars(transport))
-        texts += repr(vars(transport._tokens)) + repr(vars(transport._tokens._shared))
+        # As a debugger shows them: the transport unfolded, its token cache and shared
+        # level among what it holds, and the store.
+        texts = repr(store) + repr(vars(store)) + unfolded(transport)
     exc = info.value
     secrets = [REDIS_PASSWORD, STORE_KEY, client.client_secret]
     where = shown(exc, secrets)
