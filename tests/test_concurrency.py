@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 from gql import Client
 from support import (
+    ANSWER,
     COUNT,
     execute_on_threads,
     wait_until,
@@ -22,8 +23,6 @@ from gql_service_auth import (
     OAuth2Transport,
     TokenRequestError,
 )
-from gql_service_auth._token import TokenResponse
-from gql_service_auth._tokens import TokenManager
 from gql_service_auth.emulator import Emulator, ManualClock
 
 
@@ -89,51 +88,44 @@ def test_sync_execute_from_two_threads_shares_the_token(
     assert emulator.counters.graphql_requests == 4
 
 
-async def test_callers_on_two_loops_share_one_fetch() -> None:
+async def test_callers_on_two_loops_share_one_fetch(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
     """A fetch started on one loop serves a caller on another loop in another thread."""
-    release = threading.Event()
-    calls = 0
+    emulator.token_latency = 0.3
+    transport = make_oauth2()
+    first = asyncio.ensure_future(Client(transport=transport).execute_async(COUNT))
+    await wait_until(lambda: emulator.counters.token_requests == 1)  # in flight, this loop's
+    other: list[object] = []
 
-    async def fetch() -> TokenResponse:
-        nonlocal calls
-        calls += 1
-        await asyncio.get_running_loop().run_in_executor(None, release.wait, 5)
-        return TokenResponse("token-value", expires_in=3600)
+    def on_another_loop() -> None:
+        other.append(asyncio.run(Client(transport=transport).execute_async(COUNT)))
 
-    manager = TokenManager(fetch, refresh_margin=60, default_expires_in=300, fetch_timeout=5)
-    first = asyncio.ensure_future(manager.get())
-    await asyncio.sleep(0.01)  # the fetch is now in flight on this loop
-    other: list[str] = []
-    thread = threading.Thread(target=lambda: other.append(asyncio.run(manager.get()).value))
+    thread = threading.Thread(target=on_another_loop)
     thread.start()
-    await asyncio.sleep(0.01)
-    release.set()
-    token = await first
+    result = await first
     await asyncio.get_running_loop().run_in_executor(None, thread.join, 5)
-    assert other == [token.value]
-    assert calls == 1
+    assert other == [result]
+    sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+    assert len(sent) == 2
+    assert len(set(sent)) == 1  # one token for both
+    assert emulator.counters.token_requests == 1
 
 
-def test_a_fetch_outlives_the_loop_that_asked_for_it() -> None:
+def test_a_fetch_outlives_the_loop_that_asked_for_it(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
     """A caller's loop stops mid-fetch: the fetch runs on, and serves the next caller."""
-    calls = 0
-
-    async def fetch() -> TokenResponse:
-        nonlocal calls
-        calls += 1
-        await asyncio.sleep(0.05)
-        return TokenResponse(f"token-{calls}", expires_in=3600)
-
-    manager = TokenManager(fetch, refresh_margin=60, default_expires_in=300, fetch_timeout=5)
+    emulator.token_latency = 0.3
+    transport = make_oauth2()
     stopped = asyncio.new_event_loop()
     try:
         # Ask for a token, then stop the loop before the answer: as gql's sync execute does
         # when its execute_timeout strikes.
-        task = stopped.create_task(manager.get())
-        stopped.run_until_complete(asyncio.sleep(0.01))
-        token = asyncio.run(manager.get())
-        assert token.value == "token-1"
-        assert calls == 1
+        task = stopped.create_task(Client(transport=transport).execute_async(COUNT))
+        stopped.run_until_complete(wait_until(lambda: emulator.counters.token_requests == 1))
+        assert asyncio.run(Client(transport=transport).execute_async(COUNT)) == ANSWER
+        assert emulator.counters.token_requests == 1
         task.cancel()
         stopped.run_until_complete(asyncio.gather(task, return_exceptions=True))
     finally:

@@ -95,12 +95,18 @@ async def test_log_messages_carry_the_details_without_configuration(
     }
 
 
-def test_server_text_in_a_log_message_stays_on_its_line(caplog: pytest.LogCaptureFixture) -> None:
+async def test_server_text_in_a_log_message_stays_on_its_line(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """An error code a server made up is quoted: it cannot forge a line or another field."""
-    from gql_service_auth._events import Emitter
-
     caplog.set_level(logging.INFO, logger="gql_service_auth")
-    Emitter(None)(AuthEvent("token_request_retry_scheduled", error="x\nstatus=200 ok"))
-    assert caplog.records[-1].getMessage() == (
-        "gql_service_auth.token_request_retry_scheduled error='x\\nstatus=200 ok'"
+    emulator.fail_token_requests(1, 503, body={"error": "x\nstatus=200 ok"})
+    async with Client(transport=make_oauth2(retry=NO_WAIT_TWO)) as session:
+        await session.execute(COUNT)  # the second attempt gets a token
+    (record,) = [r for r in caplog.records if "retry_scheduled" in r.getMessage()]
+    assert record.getMessage() == (
+        "gql_service_auth.token_request_retry_scheduled status=503 error='x\\nstatus=200 ok' "
+        "attempt=1/2 wait=0.000"
     )

@@ -770,7 +770,6 @@ async def test_a_failing_proxy_shows_its_password_nowhere_in_the_chain_or_its_fr
     failure: str,
 ) -> None:
     """proxy.py asking for other credentials, or no proxy listening at all."""
-
     wrong = "emu-secret-WrongProxyPasswordGiven"
     with contextlib.ExitStack() as stack:
         if failure == "unreachable":

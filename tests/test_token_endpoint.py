@@ -14,6 +14,7 @@ from gql import Client
 from gql.transport.exceptions import TransportQueryError
 from support import (
     COUNT,
+    ONE_ATTEMPT,
     closed_port,
     finish,
     start_thread,
@@ -27,7 +28,6 @@ from gql_service_auth import (
     RetryPolicy,
     TokenRequestError,
 )
-from gql_service_auth._oauth2 import parse_retry_after
 from gql_service_auth.emulator import ClientRecord, Emulator
 
 
@@ -372,16 +372,29 @@ async def test_unknown_token_error_codes_still_explain(
     assert caught.value.error is None
 
 
-def test_retry_after_forms() -> None:
+async def test_retry_after_forms(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
     """Retry-After is read as seconds or as an HTTP-date; nonsense is ignored."""
+
+    async def retry_after(value: str | None) -> float | None:
+        """The retry_after of the error a 429 with this Retry-After ends in (one attempt)."""
+        emulator.fail_token_requests(
+            1, 429, headers={} if value is None else {"Retry-After": value}
+        )
+        async with Client(transport=make_oauth2(retry=ONE_ATTEMPT)) as session:
+            with pytest.raises(TokenRequestError) as caught:
+                await session.execute(COUNT)
+        return caught.value.retry_after
+
     later = datetime.now(timezone.utc) + timedelta(seconds=30)
-    assert parse_retry_after(format_datetime(later, usegmt=True)) == pytest.approx(30, abs=2)
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
-    assert parse_retry_after("2.5") == 2.5
-    assert parse_retry_after("-3") == 0.0
-    assert parse_retry_after("soon") is None
-    assert parse_retry_after("inf") is None
-    assert parse_retry_after(None) is None
+    assert await retry_after(format_datetime(later, usegmt=True)) == pytest.approx(30, abs=2)
+    assert await retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    assert await retry_after("2.5") == 2.5
+    assert await retry_after("-3") == 0.0
+    assert await retry_after("soon") is None
+    assert await retry_after("inf") is None
+    assert await retry_after(None) is None
 
 
 async def test_oversized_token_answer_is_refused(
