@@ -455,6 +455,7 @@ def test_main_keeps_a_program_s_own_package_logger_setup(emulator: Emulator) -> 
 def test_cli_check_with_a_query_in_the_base_url(
     emulator: Emulator, capsys: pytest.CaptureFixture[str], base: str
 ) -> None:
+    """check works with a query or fragment in SERVICE_BASE_URL, and says when it is used as is."""
     environ = {**emulator.environ(), "SERVICE_BASE_URL": emulator.base_url + base}
     code = main(["check", "--method", "api-key"], environ=environ)
     out, _ = capsys.readouterr()

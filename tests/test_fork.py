@@ -211,6 +211,7 @@ def test_a_forked_child_renews_through_the_token_proxy_after_a_bare_401(
 def test_a_forked_child_closes_the_connection_of_a_given_client(
     live_emulator: Emulator, redis_server: RedisServer
 ) -> None:
+    """A child's close() of a store on the user's client closes its own connection only."""
     done = run_script(
         CHILD_PRELUDE
         + """

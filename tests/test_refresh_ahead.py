@@ -555,6 +555,7 @@ async def test_refresh_margin_zero_and_tiny_default_expires_in(
     clock: ManualClock,
     make_oauth2: Callable[..., OAuth2Transport],
 ) -> None:
+    """refresh_margin=0 and a 1 s default lifetime: renewed at the guard, once, not before."""
     emulator.advertised_ttl = 0  # ignored: the default lifetime applies
     transport = make_oauth2(refresh_margin=0, default_expires_in=1)
     async with Client(transport=transport) as session:

@@ -134,6 +134,7 @@ async def test_shared_credentials_never_show(
 async def test_shared_args_copies_and_vars_hide_the_token(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
+    """The arguments requests share hide the token, are read-only, and copies leave them behind."""
     transport = make_oauth2(clock=time.monotonic, on_event=None)  # picklable settings
     async with Client(transport=transport) as session:
         await session.execute(COUNT)

@@ -472,6 +472,7 @@ async def test_connection_failure_keeps_no_token_in_frame_locals(
 async def test_cancellation_keeps_no_token_in_frame_locals(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
+    """A call cancelled in flight: no token in any traceback frame's locals."""
     transport = make_oauth2()
     async with Client(transport=transport) as session:
         await session.execute(COUNT)
@@ -845,6 +846,7 @@ def test_a_refused_oauth2_constructor_leaves_no_credential_in_its_frames(case: s
 
 
 def test_a_refused_api_key_constructor_leaves_no_credential_in_its_frames() -> None:
+    """The same for ApiKeyTransport refusing its URL."""
     with pytest.raises(ConfigurationError) as caught:
         ApiKeyTransport(
             "ftp://127.0.0.1/graphql", client_id="review-client", client_secret=CLIENT_SECRET
@@ -930,6 +932,7 @@ async def test_no_secret_in_the_error_when_redis_and_the_token_endpoint_fail(
     caplog: pytest.LogCaptureFixture,
     url_of: Any,
 ) -> None:
+    """Redis and the token endpoint both fail: no Redis password, store_key or secret shown."""
     live_emulator.fail_token_requests(1, 401, body={"error": "invalid_client"})
     events: list[AuthEvent] = []
     client = live_emulator.recent_client

@@ -706,6 +706,7 @@ async def test_a_huge_expires_in_does_not_poison_the_store(
 
 
 async def test_timed_out_calls_leave_no_reply_behind(redis_server: RedisServer) -> None:
+    """Calls to a slow Redis that time out leave no late reply for the next call to read."""
     ident = TokenIdentity("https://auth.test/token", "id", "secret-value-123")
     mismatches = []
     with RedisTokenStore.from_url(redis_server.url, timeout=0.25, cooldown=0) as store:
@@ -737,6 +738,7 @@ async def test_timed_out_calls_leave_no_reply_behind(redis_server: RedisServer) 
 async def test_field_refusals_cost_no_more_with_a_store(
     live_emulator: Emulator, redis_server: RedisServer, shared: bool
 ) -> None:
+    """Refusals inside resolvers, on 4 transports: no more token requests with a store."""
     events: list[AuthEvent] = []
     outcomes: list[str] = []
     with RedisTokenStore.from_url(redis_server.url, timeout=2.0) as opened:
@@ -764,6 +766,7 @@ async def test_field_refusals_cost_no_more_with_a_store(
 async def test_processes_with_another_store_key_do_not_interfere(
     live_emulator: Emulator, redis_server: RedisServer
 ) -> None:
+    """Stores with another store_key on one Redis keep their tokens apart."""
     events: list[AuthEvent] = []
     with (
         RedisTokenStore.from_url(redis_server.url, store_key=b"a" * 32) as one,

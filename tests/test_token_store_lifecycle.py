@@ -98,6 +98,7 @@ def test_closing_the_store_while_fetches_start_fails_no_query(
 def test_exit_with_an_open_store_is_silent(
     live_emulator: Emulator, redis_server: RedisServer
 ) -> None:
+    """A program that exits with its store open prints nothing on stderr."""
     done = run_script(
         CHILD_PRELUDE
         + """
@@ -121,6 +122,7 @@ print("done")
 
 
 def test_a_collected_store_is_silent(live_emulator: Emulator, redis_server: RedisServer) -> None:
+    """Stores dropped and collected, three times over: nothing on stderr."""
     done = run_script(
         CHILD_PRELUDE
         + """
@@ -240,6 +242,7 @@ print("end", flush=True)
 async def test_the_store_recovers_after_a_redis_restart(
     live_emulator: Emulator, own_redis: RedisServer
 ) -> None:
+    """Redis restarted empty under the store: a direct fetch, then Redis after the cool-down."""
     events: list[AuthEvent] = []
     with RedisTokenStore.from_url(own_redis.url, cooldown=0.5) as store:
         await query(with_store(live_emulator, store, events))
