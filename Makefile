@@ -24,10 +24,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# How many pytest worker processes make test runs (pytest-xdist); auto: one per core.
+PYTEST_WORKERS ?= auto
+
 # coverage run, not pytest-cov: the pytest11 plugin is imported before pytest-cov starts.
+# The workers are subprocesses, measured by coverage's subprocess patch (pyproject.toml).
+# loadgroup keeps each xdist_group (a module-scoped fixture's users) in one worker.
 pytest: $(STAMP)
 	rm -f .coverage .coverage.*
-	$(BIN)/coverage run -m pytest
+	$(BIN)/coverage run -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 	$(BIN)/coverage combine -q
 	$(BIN)/coverage report
 

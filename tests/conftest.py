@@ -6,27 +6,41 @@ import contextlib
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis_server import RedisServer, find_binary
-from support import exception_texts
+from support import (
+    LEFT_OPEN,
+    NO_WAIT,
+    PROXY_VARIABLES,
+    SLOW_MACHINE,
+    collect_garbage,
+    exception_texts,
+)
 
-from gql_service_auth import ApiKeyTransport, AuthEvent, OAuth2Transport, RetryPolicy
+from gql_service_auth import ApiKeyTransport, AuthEvent, OAuth2Transport
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
+from gql_service_auth.redis import RedisTokenStore
 
 pytest_plugins = ["pytester"]
-
-NO_WAIT = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0)
-"""Retries without backoff waits, so tests never sleep through them."""
-
 
 # Every secret and token the emulator makes up is one of these prefixes and 24 or 32 random
 # URL-safe characters, so any of them in a log record is a leak, whichever test it comes
 # from. The random part matters: the fuzzer reuses string literals such as the bare prefix.
 LEAK_PATTERN = re.compile(r"emu-(?:secret|token)-[A-Za-z0-9_-]{20}")
+
+
+SLOW_FIRST = ("test_bench.py",)
+"""Files whose tests start first: make test's workers (pytest-xdist) take tests in this
+order, and a 35 s test taken last would leave the other worker idle meanwhile."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in SLOW_FIRST)  # stable: else as collected
 
 
 @pytest.fixture(autouse=True)
@@ -63,6 +77,37 @@ def no_secret_shown(
             assert LEAK_PATTERN.search(text) is None, f"a credential leaked into {exc!r:.80}"
 
 
+@pytest.fixture(autouse=True)
+def no_proxy_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no proxy variables, whatever the machine has: test traffic
+    stays on 127.0.0.1, and the proxy tests set the variables they need."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+@pytest.fixture
+def no_resource_left_open() -> Iterator[None]:
+    """Fails the test that left a socket, connection or session open.
+
+    Left to chance, a leftover is finalized later, anywhere (even inside pytest's report
+    of a failure), where ``filterwarnings = ["error"]`` turns its warning into another
+    error: garbage is collected before and after the test, and support.finish() collects
+    what a thread's loop left behind.
+    """
+    collect_garbage()  # earlier tests' leftovers are theirs, not this test's
+    LEFT_OPEN.clear()
+    yield
+    # pytest keeps a failed test's traceback, and so its objects, in sys.last_* until the
+    # next test's call phase: drop it now, so leftovers are blamed on the test that made them.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        with contextlib.suppress(AttributeError):
+            delattr(sys, name)
+    collect_garbage()
+    leaks = sorted(set(LEFT_OPEN))
+    assert leaks == [], "the test left these open"
+
+
 @pytest.fixture
 def clock(service_clock: ManualClock) -> ManualClock:
     """The plugin's clock, shared by the emulator and the transports: advanced, never slept."""
@@ -72,6 +117,13 @@ def clock(service_clock: ManualClock) -> ManualClock:
 @pytest.fixture
 def emulator(service_emulator: Emulator, clock: ManualClock) -> Emulator:
     """The plugin's emulator, on the manual clock (our tests never wait out a lifetime)."""
+    return service_emulator
+
+
+@pytest.fixture
+def live_emulator(service_emulator: Emulator) -> Emulator:
+    """The plugin's emulator on the real clock, for tests where time passes for real: a
+    stored token's freshness is Redis's PTTL, and processes and scripts share no clock."""
     return service_emulator
 
 
@@ -164,3 +216,14 @@ def own_redis(redis_binary: str, tmp_path: Path) -> Iterator[RedisServer]:
     with contextlib.suppress(Exception):
         server.resume()
     server.stop()
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[RedisTokenStore]:
+    """A RedisTokenStore on the session's Redis, closed after the test.
+
+    Not the 0.25 s default timeout: tests that count token requests must not fall back
+    because a loaded machine was slow to connect. Tests of timeouts open their own.
+    """
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as opened:
+        yield opened

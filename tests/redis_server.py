@@ -8,6 +8,7 @@ where a wheel exists for the interpreter). Nothing is persisted: no RDB, no AOF.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -29,11 +30,47 @@ def find_binary() -> str | None:
     return bundled if bundled and os.access(bundled, os.X_OK) else None
 
 
-def free_port() -> int:
+# Ports for the servers the tests start, below Linux's ephemeral range (32768 and up), one
+# block per pytest-xdist worker. A port the kernel handed out (bind to port 0) and released
+# again can be handed to any outgoing connection before the server binds it, and a killed
+# server's port likewise before it restarts; here only this worker's own servers use it.
+_PORTS_BASE = 20000
+_PORTS_PER_WORKER = 100
+_WORKERS = 27
+_CHANCE = random.Random()  # not the global one, which hypothesis seeds per example
+"""Blocks of ports: the last ends at 22699, so a cluster node's bus port (+10000) is below
+the ephemeral range too."""
+
+
+def _worker_index() -> int:
+    """This pytest-xdist worker's number (``gw3``: 3); 0 without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker.removeprefix("gw") or 0) % _WORKERS
+
+
+def free_port(*, with_bus: bool = False) -> int:
+    """A port of this worker's block that is free on 127.0.0.1 now.
+
+    ``with_bus``: its Redis Cluster bus port (+10000) is free as well. The search starts
+    at a random port of the block, so a port a previous run's servers left in TIME_WAIT is
+    seldom the first tried.
+    """
+    first = _PORTS_BASE + _worker_index() * _PORTS_PER_WORKER
+    start = _CHANCE.randrange(_PORTS_PER_WORKER)
+    for offset in range(_PORTS_PER_WORKER):
+        port = first + (start + offset) % _PORTS_PER_WORKER
+        if _bindable(port) and (not with_bus or _bindable(port + 10000)):
+            return port
+    raise RuntimeError(f"no free port in {first}-{first + _PORTS_PER_WORKER - 1}")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def ping(port: int, timeout: float = 0.2) -> bool:

@@ -3,23 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import io
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import warnings
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gql import Client, FileVar, GraphQLRequest, gql
 from gql.transport.aiohttp import AIOHTTPTransport
+from yarl import URL
 
-from gql_service_auth import AuthEvent, OAuth2Transport, RetryPolicy, TokenStore
-from gql_service_auth.emulator import ClientRecord, Emulator
+from gql_service_auth import (
+    ApiKeyTransport,
+    AuthEvent,
+    OAuth2Transport,
+    RetryPolicy,
+    TokenIdentity,
+    TokenStore,
+)
+from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
 
 CARRIERS = gql("query { carriers(first: 10) { edges { node { id name } } } }")
 """The contract's authentication check query."""
@@ -31,6 +47,55 @@ RENAME = gql('mutation { renameCarrier(id: "carrier-001", name: "Renamed") { id 
 UPLOAD = gql("mutation ($file: Upload!) { uploadDocument(file: $file) { filename size } }")
 
 UNAUTHENTICATED_ERROR = {"message": "expired", "extensions": {"code": "UNAUTHENTICATED"}}
+
+CARRIER = "query ($id: ID!) { carrier(id: $id) { id name } }"
+"""One carrier by id (``carrier-001`` to ``carrier-025``)."""
+
+TICKS = gql("subscription { ticks }")
+
+CARRIER_RENAMED = gql("subscription { carrierRenamed { id } }")
+
+NO_WAIT = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0)
+"""Retries without backoff waits, so tests never sleep through them."""
+
+ONE_ATTEMPT = RetryPolicy(attempts=1, wait_initial=0, wait_max=0, wait_jitter=0)
+"""A token request that fails is not retried: the error is that of the first answer."""
+
+
+_T = TypeVar("_T")
+
+
+async def bounded(*calls: Awaitable[_T]) -> list[_T]:
+    """Run ``calls`` concurrently, failing the test after 30 s."""
+    return await asyncio.wait_for(asyncio.gather(*calls), timeout=30)
+
+
+async def settle(*calls: Awaitable[Any]) -> list[Any]:
+    """Like :func:`bounded`, but an exception is returned as the call's outcome."""
+    return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=30)
+
+
+async def hold_token_fetch(
+    session: Any, emulator: Emulator, clock: ManualClock, moment: str
+) -> None:
+    """Make the next call wait for a token fetch: on a cold cache (``"cold"``), or a renewal."""
+    if moment == "renewal":
+        await session.execute(COUNT)
+        clock.advance(emulator.token_ttl)
+    emulator.token_latency = 0.1
+
+
+@contextlib.contextmanager
+def closed_port() -> Iterator[int]:
+    """A port on 127.0.0.1 where connections are refused, for as long as the block runs.
+
+    The socket stays bound without listening: unlike a port that was free a moment ago,
+    no other server (another pytest-xdist worker's, say) can take it meanwhile.
+    """
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port: int = holder.getsockname()[1]
+        yield port
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -241,3 +306,358 @@ class Fleet:
                 process.wait()
             if process.stdout is not None:
                 process.stdout.close()
+
+
+# -- Transports by kind, run on threads, loops and forked children ----------------------
+
+ANSWER = {"carriers": {"totalCount": 25}}
+"""What COUNT answers."""
+
+KINDS = ["api_key", "oauth2"]
+"""Our transports, for tests parametrized over both ("gql" adds gql's own)."""
+
+GQL_401 = "401, message='Unauthorized'"
+"""What gql's own transport says of a bare 401 (aiohttp's ClientResponseError), and what
+gql's tests match: how its TransportServerError for one starts."""
+
+TESTS = str(Path(__file__).parent)
+"""This folder: frames of its files hold the secrets tests look for, and are not scanned."""
+
+
+def build_transport(
+    kind: str, emulator: Emulator, url: str = "", **kwargs: Any
+) -> AIOHTTPTransport:
+    """A transport for the emulator's recent client, built from picklable arguments only.
+
+    ``kind``: ``"gql"`` (gql's own, with the API key header), ``"api_key"`` or ``"oauth2"``.
+    """
+    client, url = emulator.recent_client, url or emulator.graphql_url
+    if kind == "gql":
+        key = f"SERVICE-API-KEY {client.client_id}:{client.client_secret}"
+        return AIOHTTPTransport(url, headers={"Authorization": key})
+    kwargs |= {"client_id": client.client_id, "client_secret": client.client_secret}
+    if kind == "api_key":
+        return ApiKeyTransport(url, **kwargs)
+    kwargs = {"token_url": emulator.token_url, "retry": NO_WAIT, **kwargs}
+    return OAuth2Transport(url, **kwargs)
+
+
+def bare_401s(emulator: Emulator) -> None:
+    """Refusals are HTTP 401 with no body from now on."""
+    emulator.unauthenticated_status, emulator.unauthenticated_body = 401, False
+
+
+def shown(exc: BaseException, secrets: Iterable[str]) -> list[str]:
+    """:func:`secrets_shown`, the frames of the tests' own files left out."""
+    return secrets_shown(exc, secrets, own=TESTS)
+
+
+def unfolded(root: object, depth: int = 2) -> str:
+    """What a debugger or a crash reporter shows of ``root``, unfolded ``depth`` levels down.
+
+    ``repr(vars(x))`` of ``root`` and of every object its attributes hold, then theirs, down
+    to ``depth`` (0: ``root``'s own). Objects without a ``__dict__`` (slots, builtin values)
+    are seen through their repr only, as in ``vars`` of the object holding them. No
+    attribute is named: private ones may be renamed without touching the tests.
+    """
+    texts = [_repr_or_note(root)]
+    seen: set[int] = set()
+    level: list[object] = [root]
+    for _ in range(depth + 1):
+        below: list[object] = []
+        for obj in level:
+            if id(obj) in seen or not hasattr(obj, "__dict__") or isinstance(obj, type):
+                continue
+            seen.add(id(obj))
+            attributes = dict(vars(obj))
+            texts.append(_repr_or_note(attributes))
+            below += attributes.values()
+        level = below
+    return "\n".join(texts)
+
+
+def _repr_or_note(obj: object) -> str:
+    try:
+        return repr(obj)
+    except Exception:
+        return "<repr raised>"
+
+
+# -- Threads, event loops and forked children ---------------------------------------
+
+Outcome = tuple[threading.Thread, list[object]]
+
+LEFT_OPEN: list[str] = []
+"""ResourceWarnings seen by collect_garbage during the current test."""
+
+
+def collect_garbage() -> None:
+    """Finalize garbage now, noting its ResourceWarnings for ``no_resource_left_open``.
+
+    Left to chance, a leftover is finalized later, anywhere (even inside pytest's report of
+    a failure), where ``filterwarnings = ["error"]`` turns its warning into another error.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    LEFT_OPEN.extend(str(w.message)[:70] for w in caught if w.category is ResourceWarning)
+
+
+@contextlib.contextmanager
+def connected(client: Client) -> Iterator[tuple[asyncio.AbstractEventLoop, Any]]:
+    """``client`` connected on a new event loop, not running; both closed on exit."""
+    loop = asyncio.new_event_loop()
+    try:
+        session = loop.run_until_complete(client.connect_async())
+        try:
+            yield loop, session
+        finally:
+            loop.run_until_complete(client.close_async())
+    finally:
+        loop.close()
+
+
+def sync_execute(transport: AIOHTTPTransport, execute_timeout: float) -> object:
+    """gql's sync ``Client.execute`` on a new event loop, closed afterwards.
+
+    Returns a ``TimeoutError`` rather than raising it, for the callers that expect one.
+    """
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return Client(transport=transport, execute_timeout=execute_timeout).execute(COUNT)
+    except TimeoutError as exc:
+        return exc
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def start_thread(call: Callable[[], object]) -> Outcome:
+    outcome: list[object] = []
+
+    def target() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # handed to the test by finish
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def finish(started: Outcome, timeout: float = 10.0) -> object:
+    """What the thread's call returned or raised; fails if it runs longer than ``timeout``."""
+    thread, outcome = started
+    thread.join(timeout)
+    assert not thread.is_alive(), f"the thread still ran after {timeout} s"
+    collect_garbage()  # what the thread's loop left behind
+    return outcome[0]
+
+
+def poll(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def in_child(child: Callable[[], object], timeout: float) -> tuple[int, str]:
+    """Run ``child()`` in a forked process: its exit code and how it ended ("ok" or the error)."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns that a fork with threads running may deadlock the child.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        status = "ok"
+        try:
+            child()
+        except BaseException as exc:
+            status = f"{type(exc).__name__}: {exc}"
+        finally:
+            try:
+                os.write(write_end, status.encode()[:2000])
+            finally:
+                os._exit(0 if status == "ok" else 1)
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + timeout
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return -1, f"still running after {timeout} s"
+            time.sleep(0.02)
+        return os.waitstatus_to_exitcode(done[1]), os.read(read_end, 4096).decode()
+    finally:
+        os.close(read_end)
+
+
+def blocking_execute(transport: OAuth2Transport) -> object:
+    """gql's blocking ``Client.execute`` on a loop of this thread, closed afterwards."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return Client(transport=transport, execute_timeout=10).execute(COUNT)
+    except Exception as exc:  # reported by the caller's assertion
+        return exc
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+# -- A real forward proxy: proxy.py on 127.0.0.1 -------------------------------------
+
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """A running proxy.py: where it listens, and its access log."""
+
+    url: str
+    log: Path
+
+    def forwarded(self, emulator: Emulator, path: str) -> bool:
+        """Whether the access log shows a POST to ``path`` on ``emulator``."""
+        host = URL(emulator.base_url).authority
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return f"POST {host}{path} " in text
+
+
+@contextlib.contextmanager
+def running_proxy(directory: Path, *options: str) -> Iterator[Proxy]:
+    """proxy.py on 127.0.0.1 and a free port; stopped, children included, whatever happens."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port_file, log = directory / "port", directory / "access.log"
+    env = {k: v for k, v in os.environ.items() if k.lower() not in PROXY_VARIABLES}
+    with (directory / "output.txt").open("wb") as output:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "proxy", "--hostname", "127.0.0.1", "--port", "0",
+                "--port-file", str(port_file), "--num-acceptors", "1", "--num-workers", "1",
+                "--log-file", str(log), "--data-dir", str(directory / "data"), *options,
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group, so its workers go with it
+        )  # fmt: skip
+    try:
+        # It writes the port file once listening; connections made before its workers
+        # start wait in the listen backlog.
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if process.poll() is not None or time.monotonic() > deadline:
+                output_text = (directory / "output.txt").read_text(errors="replace")
+                raise AssertionError(f"proxy.py did not start: {output_text[-2000:]}")
+            time.sleep(0.02)
+        yield Proxy(f"http://127.0.0.1:{port_file.read_text().split()[0]}", log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+# -- Scripts in a fresh interpreter --------------------------------------------------
+
+
+def run_python(
+    code: str, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (no logging set up, nothing imported)."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env.update(environ or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def quiet(stderr: str) -> str:
+    """``stderr`` without asyncio's debug-mode notes of slow steps (a loaded machine)."""
+    return "\n".join(
+        line
+        for line in stderr.splitlines()
+        if not re.match(r"Executing <.*> took [0-9.]+ seconds$", line)
+    )
+
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The project's root, where scripts of :func:`run_script` run."""
+
+
+def run_script(
+    code: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with ``-X dev -W error``, from the project's root."""
+    return subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error", "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+# What run_script()'s scripts of the token store start with: cfg from child_env(), and a
+# transport(store) factory.
+CHILD_PRELUDE = """
+import asyncio, gc, json, os, sys, time, threading
+sys.path.insert(0, "tests")
+from gql import Client
+from support import COUNT
+from gql_service_auth import OAuth2Transport, RetryPolicy
+from gql_service_auth.redis import RedisTokenStore
+cfg = json.loads(os.environ["CFG"])
+def transport(store, **kw):
+    return OAuth2Transport(cfg["graphql_url"], token_url=cfg["token_url"],
+        client_id=cfg["client_id"], client_secret=cfg["client_secret"],
+        retry=RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0, timeout=2.0),
+        token_store=store, **kw)
+"""
+
+
+def child_env(emulator: Emulator, redis_url: str) -> dict[str, str]:
+    """The environment of a CHILD_PRELUDE script for the emulator and a Redis."""
+    return {"CFG": json.dumps(fleet_config(emulator, redis_url))}
+
+
+# -- The token store ------------------------------------------------------------------
+
+SLOW_MACHINE = 2.0
+"""Seconds of store timeout where a test counts requests rather than tests timeouts."""
+
+
+def identity_of(emulator: Emulator, client: ClientRecord | None = None) -> TokenIdentity:
+    """The identity under which with_store()'s transports share their token."""
+    client = client or emulator.recent_client
+    return TokenIdentity.of(
+        token_url=emulator.token_url,
+        client_id=client.client_id,
+        client_secret=client.client_secret,
+        scope=None,
+        token_params={},
+        auth_method="client_secret_post",
+    )
+
+
+async def token_of_its_own(emulator: Emulator) -> str:
+    """A token the emulator issued to a transport with no store (as a peer would hold)."""
+    peer = with_store(emulator, None)
+    await query(peer)
+    assert peer.token is not None
+    return peer.token.value

@@ -12,6 +12,10 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
 
+# One worker runs them all (make test's --dist loadgroup): the module's fixture, a 35 s
+# benchmark run, then runs once, not once per worker.
+pytestmark = pytest.mark.xdist_group("bench")
+
 
 @pytest.fixture(scope="module")
 def figures() -> dict[str, Any]:

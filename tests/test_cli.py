@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+from support import run_python
 
 from gql_service_auth.cli import EXIT_CODES, main
 from gql_service_auth.emulator import Emulator
@@ -401,3 +403,61 @@ def test_cli_logging_stays_off_the_report(emulator: Emulator, verbose: bool) -> 
         assert emulator.recent_client.client_secret not in completed.stderr
     else:
         assert completed.stderr == ""
+
+
+_CALL_MAIN = """
+    import logging, sys
+    from gql_service_auth.cli import main
+
+    root, package = logging.getLogger(), logging.getLogger("gql_service_auth")
+    {setup}
+    before = (list(root.handlers), root.level, list(package.handlers), package.level)
+    code = main(["check", "--method", "oauth2", "-v"])
+    after = (list(root.handlers), root.level, list(package.handlers), package.level)
+    assert code == 0, code
+    assert after == before, (before, after)
+    {check}
+    print("same")
+"""
+
+
+def test_main_leaves_no_handler_or_level_behind(emulator: Emulator) -> None:
+    """A program that set up nothing finds logging as it was once main() returned."""
+    emulator.fail_token_requests(1, 503)
+    completed = run_python(_CALL_MAIN.format(setup="", check=""), emulator.environ())
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip().endswith("same")
+    # While it ran, -v still showed the retry on stderr.
+    assert "INFO: gql_service_auth.token_request_retry_scheduled status=503" in completed.stderr
+
+
+def test_main_keeps_a_program_s_own_package_logger_setup(emulator: Emulator) -> None:
+    """A handler and level the program put on the package's logger stay, and get the records."""
+    emulator.fail_token_requests(1, 503)
+    setup = """
+    seen = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+    package.addHandler(Keep())
+    package.setLevel(logging.DEBUG)
+    """
+    check = "assert any('token_fetched' in m for m in seen), seen"
+    code = _CALL_MAIN.format(
+        setup=textwrap.indent(textwrap.dedent(setup), "    ").strip(), check=check
+    )
+    completed = run_python(code, emulator.environ())
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip().endswith("same")
+
+
+@pytest.mark.parametrize("base", ["/?key=1", "/graphql?key=1", "/graphql/#top"])
+def test_cli_check_with_a_query_in_the_base_url(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str], base: str
+) -> None:
+    """check works with a query or fragment in SERVICE_BASE_URL, and says when it is used as is."""
+    environ = {**emulator.environ(), "SERVICE_BASE_URL": emulator.base_url + base}
+    code = main(["check", "--method", "api-key"], environ=environ)
+    out, _ = capsys.readouterr()
+    assert code == 0, out
+    assert ("used as the GraphQL endpoint as it is" in out) == ("graphql" in base)

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from gql import Client
-from support import COUNT
+from support import (
+    COUNT,
+    ONE_ATTEMPT,
+    query,
+    unfolded,
+)
 
 from gql_service_auth import (
+    ApiKeyRejectedError,
     ApiKeyTransport,
     ConfigurationError,
     OAuth2Transport,
     RetryPolicy,
+    TokenRequestError,
 )
 from gql_service_auth.emulator import Emulator
 
@@ -60,19 +68,23 @@ def test_from_env_passes_keywords_through() -> None:
     assert transport.token_url == "https://auth.example.com/oauth2/token"
 
 
-def test_from_env_keywords_win_over_the_environment() -> None:
+async def test_from_env_keywords_win_over_the_environment(emulator: Emulator) -> None:
     """url, token_url, client_id and client_secret given by keyword replace their variable."""
     environ = {
-        "SERVICE_BASE_URL": "https://api.example.com",
+        "SERVICE_BASE_URL": emulator.base_url,
         "SERVICE_CLIENT_ID": "env-id",
         "SERVICE_CLIENT_SECRET": "env-secret",
     }
     transport = OAuth2Transport.from_env(
-        environ, token_url="https://auth.example.com/token", client_secret=SECRET
+        environ, token_url=emulator.token_url, client_secret=SECRET, retry=ONE_ATTEMPT
     )
-    assert transport.token_url == "https://auth.example.com/token"  # no SERVICE_AUTH_URL read
-    assert transport._credentials.client_secret == SECRET
-    assert transport._credentials.client_id == "env-id"
+    assert transport.token_url == emulator.token_url  # no SERVICE_AUTH_URL read
+    # What the token request sends (the emulator knows neither, and refuses them).
+    with pytest.raises(TokenRequestError):
+        await query(transport)
+    (sent,) = [r.form for r in emulator.requests if r.path == "/oauth2/token"]
+    assert sent["client_secret"] == SECRET
+    assert sent["client_id"] == "env-id"
     environ["SERVICE_AUTH_URL"] = "https://other.example.com"
     transport = OAuth2Transport.from_env(
         environ, url="https://api.example.com/v2/graphql", token_url="https://a.example.com/t"
@@ -138,13 +150,17 @@ def test_missing_variable_is_named(missing: str, value: str | None) -> None:
         OAuth2Transport.from_env(environ)
 
 
-def test_constructor_never_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_constructor_never_reads_the_environment(
+    emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Explicit arguments win; SERVICE_* variables are ignored by __init__."""
     monkeypatch.setenv("SERVICE_CLIENT_ID", "from-env")
-    transport = ApiKeyTransport(
-        "https://api.example.com/graphql", client_id="a", client_secret=SECRET
-    )
-    assert "from-env" not in repr(transport._credentials)
+    transport = ApiKeyTransport(emulator.graphql_url, client_id="a", client_secret=SECRET)
+    with pytest.raises(ApiKeyRejectedError):  # the emulator knows no client "a"
+        await query(transport)
+    (sent,) = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+    assert sent == f"SERVICE-API-KEY a:{SECRET}"
+    assert "from-env" not in sent
 
 
 @pytest.mark.parametrize("field", ["url", "token_url"])
@@ -279,7 +295,8 @@ def test_reprs_show_no_secret() -> None:
     )
     # As a debugger or a crash reporter would show them.
     texts = [repr(oauth2), str(oauth2), repr(api_key), str(api_key)]
-    texts += [repr(vars(oauth2)), repr(vars(oauth2._tokens)), repr(vars(api_key))]
+    texts += [repr(vars(oauth2)), repr(vars(api_key))]
+    texts += [unfolded(oauth2), unfolded(api_key)]  # the token cache, and what they hold
     assert all(SECRET not in text for text in texts)
 
 
@@ -309,3 +326,37 @@ def test_the_retry_backoff_doubles_up_to_its_cap_plus_jitter() -> None:
     assert policy.wait_before(10_000) == 1.0
     jittered = RetryPolicy(wait_initial=0.1, wait_max=1.0, wait_jitter=0.5)
     assert all(0.1 <= jittered.wait_before(1) <= 0.6 for _ in range(100))
+
+
+@pytest.mark.parametrize("args", [[("trust_env", True)], "trust_env=1", 5])
+def test_client_session_args_that_are_not_a_mapping_are_a_configuration_error(
+    make_oauth2: Callable[..., OAuth2Transport], args: object
+) -> None:
+    """Read at construction for the token session's defaults: refused by name, not with
+    an AttributeError from inside the package."""
+    with pytest.raises(ConfigurationError, match="client_session_args must be a dict"):
+        make_oauth2(client_session_args=args)
+
+
+@pytest.mark.parametrize("cls", [ApiKeyTransport, OAuth2Transport])
+def test_the_repr_of_a_transport_whose_constructor_failed_does_not_raise(
+    cls: type[ApiKeyTransport] | type[OAuth2Transport],
+) -> None:
+    """A debugger or a crash reporter shows the half-built ``self`` of a failed __init__."""
+    assert repr(cls.__new__(cls)) == f"<{cls.__name__} url='None'>"
+
+
+def test_a_query_in_the_base_url_stays_after_the_path(emulator: Emulator) -> None:
+    """?key=1 must not become ?key=1/graphql, whose path is / (the service answers 404)."""
+    environ = {
+        **emulator.environ(),
+        "SERVICE_BASE_URL": emulator.base_url + "/?key=1",
+        "SERVICE_AUTH_URL": emulator.auth_url + "?key=2",
+    }
+    transport = OAuth2Transport.from_env(environ)
+    assert str(transport.url) == emulator.base_url + "/graphql?key=1"
+    assert str(transport.token_url) == emulator.auth_url + "/oauth2/token?key=2"
+    api_key = ApiKeyTransport.from_env(
+        {**environ, "SERVICE_BASE_URL": emulator.base_url + "/graphql/?key=1"}
+    )
+    assert str(api_key.url) == emulator.base_url + "/graphql?key=1"

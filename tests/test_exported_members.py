@@ -1,11 +1,23 @@
-"""The public API is exactly what ``__all__`` lists."""
+"""The public API is exactly what ``__all__`` lists, and the lazy package resolves it.
+
+Type hints resolve, and the first use of a name from many threads at once, a star
+import, or a submodule imported first, all find every name.
+"""
+
+from __future__ import annotations
 
 import pickle
 import traceback
 import typing
 
+from support import run_python
+
 import gql_service_auth
 import gql_service_auth.emulator
+from gql_service_auth import (
+    ApiKeyTransport,
+    OAuth2Transport,
+)
 
 
 def test_all_public_names_are_exported() -> None:
@@ -81,3 +93,38 @@ def test_public_errors_and_values_still_pickle() -> None:
 def test_lazy_names_are_listed() -> None:
     """dir() lists every public name, though the package imports them on first use."""
     assert set(gql_service_auth.__all__) <= set(dir(gql_service_auth))
+
+
+def test_options_and_constructors_have_resolvable_type_hints() -> None:
+    """aiohttp's cookie types are forward references: they must resolve (pydantic, IDEs)."""
+    for name in ("AIOHTTPTransportOptions", "ApiKeyOptions", "OAuth2Options", "TokenSessionArgs"):
+        typing.get_type_hints(getattr(gql_service_auth, name))
+    for cls in (ApiKeyTransport, OAuth2Transport):
+        typing.get_type_hints(cls.__init__)
+
+
+def test_first_use_from_many_threads_and_after_a_submodule() -> None:
+    """Threads racing for the first lazy name all get it; star import; a submodule first."""
+    completed = run_python(
+        """
+        import threading
+        import gql_service_auth.emulator
+        import gql_service_auth as package
+        names = list(package.__all__)
+        barrier = threading.Barrier(len(names))
+        got = {}
+        def use(name):
+            barrier.wait(timeout=30)
+            got[name] = getattr(package, name)
+        threads = [threading.Thread(target=use, args=(n,)) for n in names]
+        for t in threads: t.start()
+        for t in threads: t.join(timeout=30)
+        assert sorted(got) == sorted(names), set(names) - set(got)
+        namespace = {}
+        exec("from gql_service_auth import *", namespace)
+        assert set(package.__all__) <= set(namespace)
+        print("ok")
+        """
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "ok"

@@ -1,17 +1,37 @@
 """Code written for gql's AIOHTTPTransport keeps working: yarl URLs, and bare HTTP 401s.
 
-gql's own aiohttp tests run against both transports too (``make gql-suite``); these tests
-pin the behaviours that made them fail, through gql's ``Client`` and the emulator.
+Also gql's positional arguments, a session driven by another thread running its loop,
+variables that contain themselves, and a query made while the caller handles its own
+error: each as with gql's own transport. gql's own aiohttp tests run against both
+transports too (``make gql-suite``); these tests pin the behaviours that made them fail,
+through gql's ``Client`` and the emulator.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Callable
+from typing import Any
 
+import aiohttp
 import pytest
 from gql import Client, GraphQLRequest, gql
-from gql.transport.exceptions import TransportQueryError, TransportServerError
-from support import COUNT
+from gql.transport.exceptions import (
+    TransportQueryError,
+    TransportServerError,
+)
+from support import (
+    ANSWER,
+    CARRIER_RENAMED,
+    COUNT,
+    GQL_401,
+    KINDS,
+    build_transport,
+    connected,
+    finish,
+    start_thread,
+)
 from yarl import URL
 
 from gql_service_auth import (
@@ -24,12 +44,6 @@ from gql_service_auth import (
     UnauthenticatedHTTPError,
 )
 from gql_service_auth.emulator import Emulator
-
-# What gql's own transport says of a bare 401 (aiohttp's ClientResponseError), and what
-# gql's tests match.
-GQL_401 = "401, message='Unauthorized'"
-
-SUBSCRIPTION = gql("subscription { carrierRenamed { id } }")
 
 
 def _bare_401(emulator: Emulator) -> None:
@@ -169,7 +183,7 @@ async def test_a_401_to_a_subscription_is_gqls_error_and_ours(
     expected = ApiKeyRejectedHTTPError if kind == "api_key" else UnauthenticatedHTTPError
     async with Client(transport=transport) as session:
         with pytest.raises(expected) as caught:
-            async for _ in session.subscribe(SUBSCRIPTION):
+            async for _ in session.subscribe(CARRIER_RENAMED):
                 pass
     assert (caught.value.code, GQL_401 in str(caught.value)) == (401, True)
     assert emulator.counters.graphql_requests == 1
@@ -185,3 +199,139 @@ async def test_unauthenticated_in_a_graphql_body_stays_a_query_error_only(
             await session.execute(COUNT)
     assert not isinstance(caught.value, TransportServerError)
     assert caught.value.errors is not None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_gqls_positional_arguments_are_accepted_in_gqls_order(
+    emulator: Emulator, kind: str
+) -> None:
+    """headers, cookies, auth, ssl, timeout... given positionally as to gql reach the request."""
+    gql_args = ({"X-Trace": "1"}, {"trace": "c"}, None, True, 10, 10, json.dumps, json.loads, None)
+    client = emulator.recent_client
+    keywords = {"client_id": client.client_id, "client_secret": client.client_secret}
+    if kind == "oauth2":
+        keywords |= {"token_url": emulator.token_url}
+    cls = ApiKeyTransport if kind == "api_key" else OAuth2Transport
+    transport = cls(emulator.graphql_url, *gql_args, **keywords)
+    async with Client(transport=transport) as session:
+        assert await session.execute(COUNT) == ANSWER
+    sent = [r.headers for r in emulator.requests if r.path == "/graphql"]
+    assert [(h.get("X-Trace"), h.get("Cookie")) for h in sent] == [("1", "trace=c")]
+
+
+async def test_yarl_urls_with_a_query_or_a_fragment_work_for_url_and_token_url(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """aiohttp drops the fragment and sends the query; the checks let both through."""
+    url = URL(emulator.graphql_url).with_query(tenant="a").with_fragment("x")
+    token_url = URL(emulator.token_url).with_query(tenant="a").with_fragment("y")
+    async with Client(transport=make_oauth2(url=url, token_url=token_url)) as session:
+        assert (await session.execute(COUNT))["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 1
+
+
+@pytest.mark.parametrize("kind", ["gql", *KINDS])
+@pytest.mark.usefixtures("no_resource_left_open")
+def test_a_session_connected_on_a_loop_serves_another_thread_running_that_loop(
+    emulator: Emulator, kind: str
+) -> None:
+    """Connected on loop L in one thread, the session executes when another thread runs L."""
+    with connected(Client(transport=build_transport(kind, emulator))) as (loop, session):
+        result = finish(start_thread(lambda: loop.run_until_complete(session.execute(COUNT))))
+    assert result == ANSWER
+
+
+@pytest.mark.parametrize("kind", ["gql", *KINDS])
+@pytest.mark.usefixtures("no_resource_left_open")
+def test_closing_on_the_loop_from_another_thread_closes_the_session(
+    emulator: Emulator, kind: str
+) -> None:
+    """Connected on loop L in one thread and closed on L by another, no session stays open."""
+    transport = build_transport(kind, emulator)
+    client = Client(transport=transport)
+
+    async def session_of_this_loop() -> aiohttp.ClientSession | None:
+        return transport.session
+
+    with connected(client) as (loop, _):
+        opened = loop.run_until_complete(session_of_this_loop())
+        assert opened is not None
+        try:
+            assert (
+                finish(start_thread(lambda: loop.run_until_complete(client.close_async()))) is None
+            )
+            assert opened.closed
+        finally:
+            loop.run_until_complete(opened.close())  # a no-op once closed
+
+
+class _Frozen(Exception):
+    """A caller's own exception that refuses changes, holding a cycle."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name not in ("__traceback__", "__context__", "__cause__", "__suppress_context__"):
+            raise AttributeError("frozen")
+        super().__setattr__(name, value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_query_made_while_the_caller_handles_its_own_error_fails_as_usual(
+    emulator: Emulator, kind: str
+) -> None:
+    """Inside the caller's except block (a cyclic, read-only error), a 502 is still gql's."""
+    cyclic: list[object] = []
+    cyclic.append(cyclic)
+    emulator.fail_graphql_requests(1, 502, body=b"bad gateway")
+    async with Client(transport=build_transport(kind, emulator)) as session:
+        try:
+            raise _Frozen("the caller's own", cyclic)
+        except _Frozen:
+            with pytest.raises(TransportServerError):
+                await session.execute(COUNT)
+
+
+@pytest.mark.parametrize("kind", ["gql", *KINDS])
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_cyclic_variables_fail_as_they_do_with_gqls_transport(
+    emulator: Emulator, kind: str
+) -> None:
+    """Variables that contain themselves fail with the error gql's own transport raises."""
+    variables: dict[str, Any] = {"id": "carrier-001"}
+    variables["self"] = variables
+    request = GraphQLRequest(
+        gql("query ($id: ID!) { carrier(id: $id) { id } }"), variable_values=variables
+    )
+    async with Client(transport=build_transport(kind, emulator)) as session:
+        with pytest.raises(Exception, match=r"[Cc]ircular") as info:
+            await session.execute(request)
+    assert not isinstance(info.value, RecursionError)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_failure_handled_inside_a_batch_error_leaves_the_batching_session_alive(
+    emulator: Emulator, kind: str
+) -> None:
+    """A failed call made while handling a batched call's error: later batches still run."""
+
+    async def scenario() -> object:
+        async with (
+            Client(transport=build_transport(kind, emulator), batch_interval=0.01) as batched,
+            Client(transport=build_transport(kind, emulator)) as plain,
+        ):
+            await batched.execute(COUNT)
+            await plain.execute(COUNT)
+            emulator.fail_graphql_requests(1, 500, body={"oops": 1})
+            try:
+                await batched.execute(COUNT)
+            except TransportServerError:
+                emulator.fail_graphql_requests(1, 500, body={"oops": 2})
+                with pytest.raises(TransportServerError):
+                    await plain.execute(COUNT)
+            # gql's batching task caught the first error and waits on: its frame is not ours.
+            return await batched.execute(COUNT)
+
+    # Bounded as a whole: a dead batching task also hangs the session's close.
+    assert await asyncio.wait_for(scenario(), 20) == ANSWER

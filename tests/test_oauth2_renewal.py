@@ -8,10 +8,23 @@ from collections.abc import Callable
 import pytest
 from gql import Client, GraphQLRequest
 from gql.transport.exceptions import TransportQueryError
-from support import COUNT, RENAME, UNAUTHENTICATED_ERROR, upload, wait_until
+from support import (
+    CARRIER,
+    COUNT,
+    RENAME,
+    TICKS,
+    UNAUTHENTICATED_ERROR,
+    upload,
+    wait_until,
+)
 
-from gql_service_auth import AuthEvent, OAuth2Transport, UnauthenticatedError
-from gql_service_auth.emulator import Emulator, ManualClock
+from gql_service_auth import (
+    AuthEvent,
+    OAuth2Transport,
+    RetryPolicy,
+    UnauthenticatedError,
+)
+from gql_service_auth.emulator import Emulator, ManualClock, RecordedMutation
 
 
 async def test_revoked_token_is_renewed_and_the_query_retried(
@@ -239,4 +252,121 @@ async def test_refused_batch_exhausts_into_service_errors(
         with pytest.raises(UnauthenticatedError) as caught:
             await session.execute_batch([GraphQLRequest(COUNT), GraphQLRequest(COUNT)])
     assert caught.value.errors is not None
+    assert emulator.counters.graphql_requests == 2
+
+
+async def test_refused_subscription_drops_the_token(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A subscription refused with UNAUTHENTICATED is not re-sent, but the next call renews."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.revoke_tokens()
+        with pytest.raises(TransportQueryError):
+            async for _ in session.subscribe(TICKS):
+                pass  # pragma: no cover
+        assert emulator.counters.token_requests == 1
+        await session.execute(COUNT)
+    assert emulator.counters.token_requests == 2
+
+
+async def test_mutation_refused_during_execution_is_not_resent(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A mutation refused with a path ran: it raises, runs once, and the token is dropped."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.refuse_fields(1)
+        with pytest.raises(UnauthenticatedError) as caught:
+            await session.execute(RENAME)
+        assert caught.value.errors is not None
+        assert caught.value.errors[0]["path"] == ["renameCarrier"]
+        assert caught.value.errors[0]["extensions"]["code"] == "UNAUTHENTICATED"
+        assert emulator.counters.graphql_requests == 2
+        await session.execute(COUNT)
+    assert list(emulator.mutations) == [
+        RecordedMutation("renameCarrier", {"id": "carrier-001", "name": "Renamed"})
+    ]
+    assert emulator.counters.token_requests == 2
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        (COUNT, "carriers"),
+        (GraphQLRequest(CARRIER, variable_values={"id": "carrier-002"}), "carrier"),
+    ],
+    ids=["non-null-root-data-null", "nullable-root-partial-data"],
+)
+async def test_query_refused_during_execution_is_renewed_and_resent(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    query: GraphQLRequest,
+    field: str,
+) -> None:
+    """A query refused with a path has no side effect: the token is renewed and it succeeds."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.refuse_fields(1)
+        result = await session.execute(query)
+    assert result[field] is not None
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.graphql_requests == 3
+
+
+async def test_refusals_while_running_cost_one_renewal_and_never_pause(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A server refusing inside resolvers: one renewal in all, then no pause for healthy calls."""
+    policy = RetryPolicy(wait_initial=5, wait_max=5, wait_jitter=0)
+    emulator.refuse_fields(1 + 1 + 8)  # call 1 is sent and re-sent; calls 2 to 9 once each
+    async with Client(transport=make_oauth2(retry=policy)) as session:
+        for _ in range(9):
+            with pytest.raises(UnauthenticatedError):
+                await session.execute(COUNT)
+        result = await session.execute(COUNT)  # the renewed token was kept for such calls
+    assert result["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.graphql_requests == 11
+
+
+async def test_a_kept_token_that_answers_accepted_is_renewed_when_refused_again(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Kept after refusals inside resolvers, then accepted: a later such refusal renews it."""
+    emulator.refuse_fields(2)
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(UnauthenticatedError, match="kept"):
+            await session.execute(COUNT)  # token 1 refused and renewed; token 2 refused too
+        await session.execute(COUNT)  # token 2 accepted
+        emulator.refuse_fields(1)  # token 2 has expired, say, as an operation ran
+        result = await session.execute(COUNT)
+    assert result["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 3
+
+
+@pytest.mark.parametrize("path", ["renameCarrier", {}, [], 0])
+async def test_a_mutation_refused_with_a_path_of_any_shape_is_not_resent(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], path: object
+) -> None:
+    """Any path present counts as raised while running, whatever its shape: never re-sent."""
+    error = {"message": "expired", "path": path, "extensions": {"code": "UNAUTHENTICATED"}}
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.fail_graphql_requests(1, body={"data": None, "errors": [error]})
+        with pytest.raises(UnauthenticatedError, match="while it ran"):
+            await session.execute(RENAME)
+    assert emulator.counters.graphql_requests == 2
+
+
+async def test_batch_with_a_mutation_refused_during_execution_is_not_resent(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A batch whose mutation was refused with a path raises and the mutation ran once."""
+    async with Client(transport=make_oauth2()) as session:
+        await session.execute(COUNT)
+        emulator.refuse_fields(2)
+        with pytest.raises(UnauthenticatedError):
+            await session.execute_batch([GraphQLRequest(RENAME), GraphQLRequest(COUNT)])
+    assert emulator.counters.mutations_run == 1
     assert emulator.counters.graphql_requests == 2

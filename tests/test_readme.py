@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,12 +46,6 @@ def _blocks() -> list[Block]:
 BLOCKS = _blocks()
 
 
-@pytest.fixture
-def emulator() -> Iterator[Emulator]:
-    with Emulator().run_in_thread() as running:
-        yield running
-
-
 def test_the_readme_has_blocks_of_each_kind() -> None:
     """The collector finds the blocks, so the tests below cannot pass by running nothing."""
     kinds = [block.kind for block in BLOCKS]
@@ -63,11 +56,11 @@ def test_the_readme_has_blocks_of_each_kind() -> None:
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda block: f"line{block.line}-{block.kind}")
 def test_block_runs_against_the_emulator(
-    block: Block, emulator: Emulator, tmp_path: Path, request: pytest.FixtureRequest
+    block: Block, live_emulator: Emulator, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     code = block.code
     for placeholder in PLACEHOLDERS:
-        code = code.replace(placeholder, emulator.base_url)
+        code = code.replace(placeholder, live_emulator.base_url)
     script = tmp_path / ("test_block.py" if block.kind == "pytest" else "block.py")
     script.write_text(code, encoding="utf-8")
     # A proxy of the machine's (a block uses trust_env) must not stand between it and 127.0.0.1.
@@ -76,7 +69,7 @@ def test_block_runs_against_the_emulator(
         for k, v in os.environ.items()
         if not k.startswith("SERVICE_") and not k.lower().endswith("_proxy")
     }
-    environ.update(emulator.environ())
+    environ.update(live_emulator.environ())
     if "REDIS_URL" in block.code:  # a block that shares tokens gets a real Redis
         environ["REDIS_URL"] = request.getfixturevalue("redis_server").url
     if block.kind == "pytest":
@@ -100,7 +93,7 @@ def test_block_runs_against_the_emulator(
     else:
         assert completed.stdout.strip(), "a block shows what it did"
         uses_this_emulator = "Emulator(" not in block.code
-        assert (emulator.counters.graphql_requests > 0) == uses_this_emulator
+        assert (live_emulator.counters.graphql_requests > 0) == uses_this_emulator
 
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$", re.M)

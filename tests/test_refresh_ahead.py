@@ -19,9 +19,19 @@ from collections.abc import Callable
 
 import pytest
 from gql import Client
-from support import COUNT, execute_on_threads, renewed, upload, wait_until
+from support import (
+    COUNT,
+    execute_on_threads,
+    renewed,
+    upload,
+    wait_until,
+)
 
-from gql_service_auth import AuthEvent, OAuth2Transport, TokenRequestError
+from gql_service_auth import (
+    AuthEvent,
+    OAuth2Transport,
+    TokenRequestError,
+)
 from gql_service_auth.emulator import Emulator, ManualClock
 
 TTL = 3600.0  # the emulator's default token lifetime
@@ -398,3 +408,195 @@ async def test_an_outage_at_renew_at_holds_the_renewal_not_the_queries(
         await session.execute(COUNT)
     assert sent_tokens(emulator)[-1] == transport.token.authorization != first
     assert emulator.counters.token_requests == 2
+
+
+def on_a_thread(call: Callable[[], object]) -> None:
+    """Run ``call`` on a new thread with a loop of its own, closed afterwards."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            call()
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(20)
+    if errors:
+        raise errors[0]
+
+
+def named(events: list[AuthEvent], name: str) -> list[AuthEvent]:
+    return [e for e in events if e.name == name]
+
+
+async def test_uploads_within_the_renewal_backoff_fetch_nothing(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+) -> None:
+    """After a failed renewal, ten uploads within its backoff go with the token in use.
+
+    An upload wishes for refresh_margin of lifetime, which is no longer left; while the
+    failed renewal backs off, it gets what every request gets, and starts no fetch of its
+    own against a token endpoint that is down.
+    """
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        emulator.fail_token_requests(1000, 503)
+        clock.advance(TTL - MARGIN + 1)
+        await session.execute(COUNT)  # starts the background renewal, which fails
+        await wait_until(lambda: bool(named(events, "token_renewal_failed")))
+        before = emulator.counters.token_requests
+        for _ in range(10):  # all within the 5 s backoff: the clock does not move
+            await session.execute(upload(b"note"), upload_files=True)
+        assert emulator.counters.token_requests == before
+    assert len(emulator.mutations) == 10
+    assert not named(events, "token_request_failed")
+
+
+async def test_an_upload_waiting_on_a_failed_renewal_is_sent_and_no_request_fails(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+) -> None:
+    """An upload joins the background renewal; it fails; the upload goes with the token.
+
+    So the one event, ``token_renewal_failed``, is true to its word: a renewal failed and
+    no request did.
+    """
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        clock.advance(TTL - MARGIN + 1)
+        emulator.token_latency = 0.3
+        emulator.fail_token_requests(4, 503)
+        await session.execute(COUNT)  # background renewal in flight
+        result = await session.execute(upload(b"note"), upload_files=True)
+    assert result["uploadDocument"]["size"] == 4
+    assert len(named(events, "token_renewal_failed")) == 1
+    assert not named(events, "token_request_failed")
+
+
+async def test_refusal_during_background_renewal_joins_it(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+) -> None:
+    """The token is revoked while its background renewal runs: re-sends join that flight."""
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        clock.advance(TTL - MARGIN + 1)
+        emulator.token_latency = 0.3
+        await session.execute(COUNT)  # background flight
+        emulator.revoke_tokens()
+        results = await asyncio.gather(*(session.execute(COUNT) for _ in range(20)))
+    assert len(results) == 20
+    assert emulator.counters.token_requests == 2
+    assert transport.token is not None
+    assert transport.token.generation == 2
+
+
+async def test_refusal_then_background_failure_then_foreground(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+) -> None:
+    """Refused while the background renewal runs and that renewal fails: bounded, then ok."""
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        clock.advance(TTL - MARGIN + 1)
+        emulator.token_latency = 0.3
+        emulator.fail_token_requests(4, 503)
+        await session.execute(COUNT)
+        emulator.revoke_tokens()
+        outcomes = await asyncio.gather(
+            *(session.execute(COUNT) for _ in range(10)), return_exceptions=True
+        )
+        assert all(isinstance(o, TokenRequestError) for o in outcomes), outcomes
+        emulator.token_latency = 0.0
+        await session.execute(COUNT)
+    assert emulator.counters.token_requests == 1 + 4 + 1
+
+
+def test_execute_timeout_while_background_renewal_runs(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """An upload waiting on a background renewal is cut by execute_timeout; others go on."""
+    transport = make_oauth2()
+    client = Client(transport=transport, execute_timeout=0.2)
+    on_a_thread(lambda: client.execute(COUNT))
+    clock.advance(TTL - MARGIN + 1)
+    emulator.token_latency = 1.0
+    on_a_thread(lambda: client.execute(COUNT))  # starts it
+    # The builtin: gql's execute_timeout raises it, which on 3.10 asyncio's is not.
+    with pytest.raises(TimeoutError):
+        on_a_thread(lambda: client.execute(upload(b"x"), upload_files=True))
+    on_a_thread(lambda: client.execute(COUNT))  # still the current token, at once
+    asyncio.run(wait_until(renewed(transport, 2)))
+    assert emulator.counters.token_requests == 2
+
+
+async def test_refresh_margin_zero_and_tiny_default_expires_in(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+) -> None:
+    """refresh_margin=0 and a 1 s default lifetime: renewed at the guard, once, not before."""
+    emulator.advertised_ttl = 0  # ignored: the default lifetime applies
+    transport = make_oauth2(refresh_margin=0, default_expires_in=1)
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        token = transport.token
+        assert token is not None
+        assert token.usable_until == pytest.approx(token.expires_at - 0.1)
+        assert token.renew_at == token.usable_until
+        clock.advance(0.85)
+        await session.execute(COUNT)
+        assert emulator.counters.token_requests == 1
+        clock.advance(0.1)
+        await session.execute(COUNT)
+    assert emulator.counters.token_requests == 2
+
+
+def test_renewal_failed_event_logged_once_per_failure(
+    emulator: Emulator,
+    clock: ManualClock,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A hook that raises on the fetch's thread: the renewal still lands its outcome."""
+    seen: list[AuthEvent] = []
+
+    def hook(event: AuthEvent) -> None:
+        seen.append(event)
+        raise RuntimeError("hook bug")
+
+    transport = make_oauth2(on_event=hook)
+    client = Client(transport=transport)
+    on_a_thread(lambda: client.execute(COUNT))
+    clock.advance(TTL - MARGIN + 1)
+    emulator.fail_token_requests(4, 503)
+    on_a_thread(lambda: client.execute(COUNT))
+    asyncio.run(wait_until(lambda: any(e.name == "token_renewal_failed" for e in seen)))
+    assert len([e for e in seen if e.name == "token_renewal_failed"]) == 1
+    clock.advance(5.0)
+    on_a_thread(lambda: client.execute(COUNT))
+    asyncio.run(wait_until(renewed(transport, 2)))
+    assert not any(
+        r.levelno >= logging.ERROR and "hook_failed" not in r.getMessage() for r in caplog.records
+    )

@@ -2,22 +2,69 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
+import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import date
+from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
-from gql import Client
-from support import COUNT, exception_texts, upload
+from aiohttp import ClientResponseError
+from gql import Client, GraphQLRequest, gql
+from gql.transport.exceptions import (
+    TransportConnectionFailed,
+    TransportError,
+    TransportQueryError,
+    TransportServerError,
+)
+from redis_server import RedisServer
+from support import (
+    ANSWER,
+    CARRIERS,
+    COUNT,
+    KINDS,
+    ONE_ATTEMPT,
+    TICKS,
+    build_transport,
+    closed_port,
+    exception_chain,
+    exception_texts,
+    query,
+    running_proxy,
+    secrets_shown,
+    shown,
+    sync_execute,
+    unfolded,
+    upload,
+    with_store,
+)
+from yarl import URL
 
-from gql_service_auth import ApiKeyTransport, OAuth2Transport, RetryPolicy
-from gql_service_auth.emulator import ClientRecord, Emulator
+from gql_service_auth import (
+    ApiKeyRejectedError,
+    ApiKeyTransport,
+    AuthEvent,
+    ConfigurationError,
+    OAuth2Transport,
+    RetryPolicy,
+    TokenRequestError,
+    UnauthenticatedError,
+)
+from gql_service_auth.cli import main
+from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
+from gql_service_auth.redis import RedisTokenStore
 
 SECRET = "SENTINEL-secret-7f3a9c"
 WRONG_SECRET = "SENTINEL-wrong-1b2e4d"
 RECENT = ClientRecord("sentinel-recent", SECRET, date(2025, 2, 1))
 LEGACY = ClientRecord("sentinel-legacy", SECRET, date(2023, 2, 1))
-NO_WAIT = RetryPolicy(attempts=3, wait_initial=0, wait_max=0, wait_jitter=0)
+THREE_ATTEMPTS = RetryPolicy(attempts=3, wait_initial=0, wait_max=0, wait_jitter=0)
 
 Scenario = Callable[[Emulator], Awaitable[None]]
 
@@ -35,7 +82,7 @@ def _oauth2(emulator: Emulator, secret: str = SECRET, **kwargs: object) -> OAuth
         token_url=emulator.token_url,
         client_id=RECENT.client_id,
         client_secret=secret,
-        retry=NO_WAIT,
+        retry=THREE_ATTEMPTS,
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -161,3 +208,753 @@ async def test_no_secret_is_shown(
     for text in texts:
         for value in forbidden:
             assert value not in text
+
+
+# -- Credentials in the errors of failed requests (both transports) ------------------
+
+# A status line aiohttp parses, then a header it refuses: a ClientResponseError.
+MALFORMED = b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"
+
+
+def _credentials(authorizations: Iterable[str]) -> list[str]:
+    """Each ``Authorization`` value sent, and the credential after its scheme word."""
+    return [part for value in authorizations for part in (value, value.partition(" ")[2]) if part]
+
+
+def _echo_refusal(headers: Mapping[str, str]) -> bytes:
+    """An UNAUTHENTICATED answer whose message quotes the request's Authorization header."""
+    quoted = f"refused: {headers.get('authorization')}"
+    error = {"message": quoted, "extensions": {"code": "UNAUTHENTICATED"}}
+    body = json.dumps({"data": None, "errors": [error]}).encode()
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    return head.encode() + b"\r\nConnection: close\r\n\r\n" + body
+
+
+@contextlib.asynccontextmanager
+async def _loopback(
+    answer: Callable[[Mapping[str, str]], bytes],
+) -> AsyncIterator[tuple[str, list[str]]]:
+    """A raw HTTP server on 127.0.0.1 answering ``answer(headers)`` (names lower-cased).
+
+    Yields its base URL and the ``Authorization`` values it received.
+    """
+    received: list[str] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            fields = (line.partition(":") for line in lines[1:])
+            headers = {name.strip().lower(): value.strip() for name, _, value in fields}
+            await reader.readexactly(int(headers.get("content-length") or 0))
+            if "authorization" in headers:
+                received.append(headers["authorization"])
+            writer.write(answer(headers))
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", received
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_redirect_loop_error_shows_no_credential(emulator: Emulator, kind: str) -> None:
+    """aiohttp's TooManyRedirects under gql's TransportConnectionFailed holds no credential."""
+    emulator.fail_graphql_requests(20, 307, headers={"Location": emulator.graphql_url})
+    with pytest.raises(TransportConnectionFailed) as info:
+        async with Client(transport=build_transport(kind, emulator)) as session:
+            await session.execute(COUNT)
+    sent = [r.headers.get("Authorization", "") for r in emulator.requests if r.path == "/graphql"]
+    secrets = [emulator.recent_client.client_secret, *_credentials(sent)]
+    assert shown(info.value, secrets) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_malformed_graphql_answer_error_shows_no_credential(
+    emulator: Emulator, kind: str
+) -> None:
+    """aiohttp's ClientResponseError under gql's TransportConnectionFailed holds no credential."""
+    async with _loopback(lambda _: MALFORMED) as (url, received):
+        with pytest.raises(TransportConnectionFailed) as info:
+            async with Client(
+                transport=build_transport(kind, emulator, url + "/graphql")
+            ) as session:
+                await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(received)]
+    assert shown(info.value, secrets) == []
+
+
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_malformed_token_answer_error_shows_no_basic_credentials(
+    emulator: Emulator,
+) -> None:
+    """With client_secret_basic, a malformed token answer raises TokenRequestError, no secret."""
+    async with _loopback(lambda _: MALFORMED) as (url, received):
+        basic = {"token_url": url + "/oauth2/token", "token_auth_method": "client_secret_basic"}
+        with pytest.raises(TokenRequestError) as info:
+            async with Client(transport=build_transport("oauth2", emulator, **basic)) as session:
+                await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(received)]
+    assert shown(info.value, secrets) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"), [("api_key", ApiKeyRejectedError), ("oauth2", UnauthenticatedError)]
+)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_credential_echoed_by_the_api_is_scrubbed_from_our_error(
+    emulator: Emulator, caplog: pytest.LogCaptureFixture, kind: str, error: type[Exception]
+) -> None:
+    """A refusal quoting the API key or token raises our error, whose errors hold neither."""
+    # gql's own transport logs every answer's body at DEBUG; the scan here is of our errors.
+    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")
+    async with _loopback(_echo_refusal) as (url, received):
+        with pytest.raises(error) as info:
+            async with Client(
+                transport=build_transport(kind, emulator, url + "/graphql")
+            ) as session:
+                await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(received)]
+    assert shown(info.value, secrets) == []
+
+
+@pytest.mark.parametrize("status", [200, 502])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_credential_echoed_in_a_body_that_is_not_graphql_is_scrubbed(
+    emulator: Emulator, kind: str, status: int
+) -> None:
+    """A proxy page quoting the Authorization header reaches no message or attribute."""
+    transport = build_transport(kind, emulator)
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+        page = f"<pre>Request headers:\nAuthorization: {sent[-1]}\n</pre>".encode()
+        emulator.fail_graphql_requests(1, status, body=page)
+        with pytest.raises(TransportError) as info:
+            await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(sent)]
+    assert shown(info.value, secrets) == []
+
+
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_basic_header_echoed_by_the_token_endpoint_is_scrubbed(emulator: Emulator) -> None:
+    """The token endpoint quoting the Basic header it got: TokenRequestError without it."""
+    client = emulator.recent_client
+    raw = f"{client.client_id}:{client.client_secret}".encode()
+    basic = base64.b64encode(raw).decode()
+    description = f"malformed header: Authorization: Basic {basic}"
+    emulator.fail_token_requests(
+        1, 400, body={"error": "invalid_request", "error_description": description}
+    )
+    transport = build_transport("oauth2", emulator, token_auth_method="client_secret_basic")
+    with pytest.raises(TokenRequestError) as info:
+        async with Client(transport=transport) as session:
+            await session.execute(COUNT)
+    assert shown(info.value, [basic, client.client_secret]) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_credential_echoed_in_a_response_header_or_undecodable_body_is_scrubbed(
+    emulator: Emulator, kind: str
+) -> None:
+    """A 502 quoting the credential in a header, and a page that is not UTF-8: scrubbed."""
+    transport = build_transport(kind, emulator)
+    caught: list[BaseException] = []
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+        echo = {"X-Debug-Authorization": sent[-1]}
+        emulator.fail_graphql_requests(1, 502, body=b"bad gateway", headers=echo)
+        emulator.fail_graphql_requests(1, 200, body=b"\xff\xfe" + sent[-1].encode())
+        for _ in range(2):
+            with pytest.raises(TransportError) as info:
+                await session.execute(COUNT)
+            caught.append(info.value)
+    secrets = [emulator.recent_client.client_secret, *_credentials(sent)]
+    assert [shown(exc, secrets) for exc in caught] == [[], []]
+
+
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_credential_echoed_in_a_malformed_token_answer_is_scrubbed(
+    emulator: Emulator,
+) -> None:
+    """A token endpoint quoting the Basic header in a header aiohttp cannot parse."""
+
+    def quote_it(headers: Mapping[str, str]) -> bytes:
+        return f"HTTP/1.1 200 OK\r\nContent-Length: {headers['authorization']}\r\n\r\n".encode()
+
+    async with _loopback(quote_it) as (url, received):
+        basic = {"token_url": url + "/oauth2/token", "token_auth_method": "client_secret_basic"}
+        with pytest.raises(TokenRequestError) as info:
+            async with Client(transport=build_transport("oauth2", emulator, **basic)) as session:
+                await session.execute(COUNT)
+    secrets = [emulator.recent_client.client_secret, *_credentials(received)]
+    assert shown(info.value, secrets) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+def test_a_timed_out_call_leaves_no_credential_in_its_chain(emulator: Emulator, kind: str) -> None:
+    """gql's execute_timeout cancels the request: its chain's frames hold no credential."""
+    emulator.graphql_latency = 0.5
+    transport = build_transport(kind, emulator)
+    if kind == "oauth2":
+        assert sync_execute(transport, 5) == ANSWER  # a token first, so the send times out
+    outcome = sync_execute(transport, 0.2)
+    assert isinstance(outcome, TimeoutError)
+    sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+    assert shown(outcome, [emulator.recent_client.client_secret, *_credentials(sent)]) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_failed_subscription_leaves_no_credential_in_its_chain(
+    emulator: Emulator, kind: str
+) -> None:
+    """A subscription answered with a 500: gql's error, no credential in the chain."""
+    emulator.fail_graphql_requests(1, 500, body=b"")
+    async with Client(transport=build_transport(kind, emulator)) as session:
+        with pytest.raises(TransportServerError) as info:
+            async for _ in session.subscribe(gql("subscription { ticks }")):
+                pass  # pragma: no cover
+    sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+    secrets = [emulator.recent_client.client_secret, *_credentials(sent)]
+    assert shown(info.value, secrets) == []
+
+
+@pytest.mark.parametrize("status", [401, 502])
+async def test_subscription_server_errors_are_scrubbed(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    make_api_key: Callable[..., ApiKeyTransport],
+    status: int,
+) -> None:
+    """A bare error status on a subscription is gql's TransportServerError, headers blanked."""
+    for transport in (make_oauth2(), make_api_key()):
+        async with Client(transport=transport) as session:
+            emulator.fail_graphql_requests(1, status, body=b"")
+            with pytest.raises(TransportServerError) as caught:
+                async for _ in session.subscribe(TICKS):
+                    pass  # pragma: no cover
+        # A 401 is our error, whose cause is gql's: aiohttp's record is further down the chain.
+        (record,) = [
+            e for e in exception_chain(caught.value) if isinstance(e, ClientResponseError)
+        ]
+        assert record.request_info.headers["Authorization"] == "***"
+
+
+async def test_connection_failure_keeps_no_token_in_frame_locals(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A GraphQL request that fails to connect: no token in any traceback frame's locals."""
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+    assert transport.token is not None
+    value = transport.token.value
+    transport.url = "http://127.0.0.1:9/graphql"  # nothing listens
+    async with Client(transport=transport) as session:
+        with pytest.raises(TransportConnectionFailed) as raised:
+            await session.execute(COUNT)
+    assert secrets_shown(raised.value, [value], own=__file__) == []
+
+
+async def test_cancellation_keeps_no_token_in_frame_locals(
+    emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A call cancelled in flight: no token in any traceback frame's locals."""
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(COUNT)
+        assert transport.token is not None
+        value = transport.token.value
+        emulator.graphql_latency = 1.0 if hasattr(emulator, "graphql_latency") else 0
+        task = asyncio.ensure_future(session.execute(COUNT))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except BaseException as exc:
+            caught: BaseException | None = exc
+        else:
+            caught = None
+    if caught is not None:
+        assert secrets_shown(caught, [value], own=__file__) == []
+
+
+@pytest.fixture
+def other_host() -> Iterator[Emulator]:
+    """A second emulator on 127.0.0.2: another origin, still this machine."""
+    with Emulator(host="127.0.0.2").run_in_thread() as running:
+        yield running
+
+
+@pytest.mark.parametrize("kind", ["oauth2", "api_key"])
+async def test_credentials_do_not_follow_a_redirect_to_another_host(
+    emulator: Emulator,
+    other_host: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    make_api_key: Callable[..., ApiKeyTransport],
+    kind: str,
+) -> None:
+    """A GraphQL redirect to another origin arrives there without the Authorization header."""
+    transport = make_oauth2(max_renewals=0) if kind == "oauth2" else make_api_key()
+    location = {"Location": other_host.graphql_url}
+    async with Client(transport=transport) as session:
+        if kind == "oauth2":
+            await session.execute(COUNT)  # fetch the token first, so only the query redirects
+        emulator.fail_graphql_requests(1, 307, body=b"", headers=location)
+        # The other host sees no credentials and refuses: the caller gets a typed error.
+        with pytest.raises(UnauthenticatedError):
+            await session.execute(COUNT)
+    (redirected,) = other_host.requests
+    assert "Authorization" not in redirected.headers
+
+
+# -- A service quoting the credentials in an error that is not a refusal -------------
+
+
+@pytest.fixture
+def quiet_gql(caplog: pytest.LogCaptureFixture) -> None:
+    """gql's own transport logs every raw answer at DEBUG: that record is gql's, out of
+    this package's reach, and would trip the leak scanner; the scan here is of the rest."""
+    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")
+
+
+def _forbidden(text: str) -> dict[str, object]:
+    return {
+        "data": None,
+        "errors": [{"message": f"not allowed for {text}", "extensions": {"code": "FORBIDDEN"}}],
+    }
+
+
+@pytest.mark.usefixtures("quiet_gql")
+@pytest.mark.parametrize("as_json", [False, True])
+def test_cli_never_prints_a_key_quoted_in_another_error(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """An error other than UNAUTHENTICATED that quotes the key: exit 3, no secret shown."""
+    client = emulator.recent_client
+    emulator.fail_graphql_requests(
+        1, body=_forbidden(f"SERVICE-API-KEY {client.client_id}:{client.client_secret}")
+    )
+    code = main(
+        ["check", "--method", "api-key", *(["--json"] if as_json else [])],
+        environ=emulator.environ(),
+    )
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert "FORBIDDEN" in out
+    assert client.client_secret not in out + err
+    if as_json:
+        assert json.loads(out)["ok"] is False
+
+
+@pytest.mark.usefixtures("quiet_gql")
+async def test_api_key_error_quoting_the_key_is_scrubbed(
+    emulator: Emulator, make_api_key: Callable[..., ApiKeyTransport]
+) -> None:
+    """gql raises TransportQueryError from the answer: its message, errors and data are clean."""
+    client = emulator.recent_client
+    emulator.fail_graphql_requests(
+        1, body=_forbidden(f"SERVICE-API-KEY {client.client_id}:{client.client_secret}")
+    )
+    async with Client(transport=make_api_key()) as session:
+        with pytest.raises(TransportQueryError) as caught:
+            await session.execute(CARRIERS)
+    assert "***" in str(caught.value)  # the scanner in conftest.py checks every text of it
+
+
+@pytest.mark.usefixtures("quiet_gql")
+async def test_oauth2_error_quoting_the_token_is_scrubbed(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """The same for a Bearer token quoted back, to a request and to a batch."""
+    transport = make_oauth2()
+    async with Client(transport=transport) as session:
+        await session.execute(CARRIERS)
+        assert transport.token is not None
+        token = transport.token.value
+        emulator.fail_graphql_requests(1, body=_forbidden(f"Bearer {token}"))
+        with pytest.raises(TransportQueryError) as caught:
+            await session.execute(CARRIERS)
+        assert token not in str(caught.value)
+        assert "***" in str(caught.value)
+        # A batch goes the way of re-sendable requests (_send_with_renewal).
+        emulator.fail_graphql_requests(1, body=[_forbidden(f"Bearer {token}")])
+        with pytest.raises(TransportQueryError) as caught:
+            await session.execute_batch([GraphQLRequest(CARRIERS)])
+        assert token not in repr(vars(caught.value))
+        assert "***" in str(caught.value)
+
+
+# -- Proxy credentials, and credentials in URLs and settings -------------------------
+
+
+# Matches the autouse leak scanner of conftest.py wherever it shows.
+PROXY_PASSWORD = "emu-secret-Pr0xyPassw0rdForTheReview"
+
+CLIENT_SECRET = "emu-secret-TheClientSecretOfTheReview"
+
+
+def _proxy_secrets(user: str, password: str) -> list[str]:
+    return [password, base64.b64encode(f"{user}:{password}".encode()).decode()]
+
+
+@contextlib.asynccontextmanager
+async def _echoing_proxy(
+    answer: Callable[[str, Mapping[str, str]], bytes],
+) -> AsyncIterator[str]:
+    """A raw "proxy" on 127.0.0.1 answering ``answer(request_line, headers)``; yields its URL.
+
+    Plain-http requests through a proxy reach it whole, ``Proxy-Authorization`` included:
+    what a misbehaving proxy, or a debugging page behind it, may quote back.
+    """
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            fields = (line.partition(":") for line in lines[1:] if line)
+            headers = {name.strip().lower(): value.strip() for name, _, value in fields}
+            await reader.readexactly(int(headers.get("content-length") or 0))
+            writer.write(answer(lines[0], headers))
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _echo(field: str) -> Callable[[str, Mapping[str, str]], bytes]:
+    """An answer quoting the request's Proxy-Authorization in ``field`` of an RFC 6749 error."""
+
+    def answer(request_line: str, headers: Mapping[str, str]) -> bytes:
+        quoted = f"refused {headers.get('proxy-authorization')} for {request_line}"
+        status, extra = "407 Proxy Authentication Required", ""
+        document = {"error": "access_denied", "error_description": "denied"}
+        if field == "Location":
+            status, extra = "307 Temporary Redirect", f"Location: http://127.0.0.1/{quoted}\r\n"
+        elif field == "token_type":
+            status = "200 OK"
+            document = {"access_token": "emu-token-abc", "token_type": quoted}
+        else:
+            document[field] = quoted
+        body = json.dumps(document).encode()
+        head = (
+            f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        return head.encode("latin-1") + body
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "field", ["error_description", "error", "error_uri", "Location", "token_type"]
+)
+async def test_proxy_credentials_echoed_back_never_reach_the_error(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], field: str
+) -> None:
+    """An answer quoting Proxy-Authorization: the error shows neither password nor Basic."""
+    async with _echoing_proxy(_echo(field)) as proxy:
+        login = URL(proxy).with_user("tester").with_password(PROXY_PASSWORD)
+        transport = make_oauth2(token_proxy=login, retry=ONE_ATTEMPT)
+        with pytest.raises(TokenRequestError) as caught:
+            async with Client(transport=transport) as session:
+                await session.execute(COUNT)
+    assert shown(caught.value, _proxy_secrets("tester", PROXY_PASSWORD)) == []
+
+
+async def test_credentials_of_the_environments_proxy_echoed_back_never_reach_the_error(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same with trust_env, the proxy and its credentials in HTTP_PROXY."""
+    async with _echoing_proxy(_echo("error_description")) as proxy:
+        login = URL(proxy).with_user("tester").with_password(PROXY_PASSWORD)
+        monkeypatch.setenv("http_proxy", str(login))
+        transport = make_oauth2(client_session_args={"trust_env": True}, retry=ONE_ATTEMPT)
+        with pytest.raises(TokenRequestError) as caught:
+            async with Client(transport=transport) as session:
+                await session.execute(COUNT)
+    assert caught.value.status == 407
+    assert shown(caught.value, _proxy_secrets("tester", PROXY_PASSWORD)) == []
+
+
+# aiohttp sends proxy credentials as latin-1: a password beyond it fails in
+# UnicodeEncodeError, whose args hold the whole "user:password" it could not encode.
+NOT_LATIN_1 = PROXY_PASSWORD + "\u20ac"
+
+
+@pytest.mark.parametrize("how", ["token_proxy", "proxy_auth", "client_session_args"])
+def test_proxy_credentials_aiohttp_cannot_send_are_refused_without_showing_them(
+    make_oauth2: Callable[..., OAuth2Transport], how: str
+) -> None:
+    """Refused when the transport is built, by a message that names the argument only."""
+    proxy = "http://127.0.0.1:3128"
+    kwargs: dict[str, Any] = {
+        "token_proxy": {"token_proxy": f"http://tester:{NOT_LATIN_1}@127.0.0.1:3128"},
+        "proxy_auth": {
+            "token_session_args": {"proxy": proxy, "proxy_auth": _basic_auth(NOT_LATIN_1)}
+        },
+        "client_session_args": {
+            "client_session_args": {"proxy": f"http://tester:{NOT_LATIN_1}@127.0.0.1:3128"}
+        },
+    }[how]
+    with pytest.raises(ConfigurationError, match="latin-1") as caught:
+        make_oauth2(**kwargs)
+    assert shown(caught.value, [PROXY_PASSWORD]) == []
+
+
+def _basic_auth(password: str) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # BasicAuth, from aiohttp 3.14
+        return aiohttp.BasicAuth("tester", password)
+
+
+async def test_an_environment_proxy_password_aiohttp_cannot_send_is_not_shown(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HTTP_PROXY is read at fetch time: the failure there shows no password either."""
+    monkeypatch.setenv("http_proxy", f"http://tester:{NOT_LATIN_1}@127.0.0.1:9")
+    transport = make_oauth2(client_session_args={"trust_env": True}, retry=ONE_ATTEMPT)
+    with pytest.raises(TokenRequestError) as caught:
+        async with Client(transport=transport) as session:
+            await session.execute(COUNT)
+    assert shown(caught.value, [PROXY_PASSWORD]) == []
+    assert emulator.counters.token_requests == 0
+
+
+async def test_a_graphql_proxy_password_aiohttp_cannot_send_is_not_shown(
+    emulator: Emulator,
+) -> None:
+    """The GraphQL session's own proxy (client_session_args), with the API key."""
+    transport = ApiKeyTransport(
+        emulator.graphql_url,
+        client_id=emulator.recent_client.client_id,
+        client_secret=emulator.recent_client.client_secret,
+        client_session_args={"proxy": f"http://tester:{NOT_LATIN_1}@127.0.0.1:9"},
+    )
+    with pytest.raises(TransportError) as caught:
+        async with Client(transport=transport) as session:
+            await session.execute(COUNT)
+    assert shown(caught.value, [PROXY_PASSWORD]) == []
+
+
+@pytest.mark.parametrize("how", ["url", "proxy_auth"])
+@pytest.mark.parametrize("failure", ["407", "407 to CONNECT", "unreachable"])
+async def test_a_failing_proxy_shows_its_password_nowhere_in_the_chain_or_its_frames(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    tmp_path: Path,
+    how: str,
+    failure: str,
+) -> None:
+    """proxy.py asking for other credentials, or no proxy listening at all."""
+    wrong = "emu-secret-WrongProxyPasswordGiven"
+    with contextlib.ExitStack() as stack:
+        if failure == "unreachable":
+            proxy = f"http://127.0.0.1:{stack.enter_context(closed_port())}"
+        else:
+            running = stack.enter_context(
+                running_proxy(tmp_path / "proxy", "--basic-auth", f"tester:{PROXY_PASSWORD}")
+            )
+            proxy = running.url
+        token_url = "https://127.0.0.1:9/oauth2/token" if failure == "407 to CONNECT" else None
+        extra: dict[str, Any] = {"token_url": token_url} if token_url else {}
+        if how == "url":
+            extra["token_proxy"] = URL(proxy).with_user("tester").with_password(wrong)
+        else:
+            extra["token_session_args"] = {"proxy": proxy, "proxy_auth": _basic_auth(wrong)}
+        transport = make_oauth2(retry=ONE_ATTEMPT, **extra)
+        with pytest.raises(TokenRequestError) as caught:
+            async with Client(transport=transport) as session:
+                await session.execute(COUNT)
+    assert shown(caught.value, _proxy_secrets("tester", wrong)) == []
+    assert emulator.counters.token_requests == 0
+
+
+@pytest.mark.parametrize("field", ["url", "token_url"])
+@pytest.mark.parametrize("userinfo", [f"u:{PROXY_PASSWORD}", f":{PROXY_PASSWORD}"])
+def test_a_yarl_url_with_credentials_is_refused_without_showing_them(
+    field: str, userinfo: str
+) -> None:
+    """A password in a yarl.URL shows nowhere: not in the message, not in frame locals."""
+    urls = {"url": "http://127.0.0.1/graphql", "token_url": "http://127.0.0.1/oauth2/token"}
+    urls[field] = urls[field].replace("//", f"//{userinfo}@")
+    with pytest.raises(ConfigurationError, match="must not carry credentials") as caught:
+        OAuth2Transport(
+            URL(urls["url"]),
+            token_url=URL(urls["token_url"]),
+            client_id="review-client",
+            client_secret=CLIENT_SECRET,
+        )
+    assert shown(caught.value, [PROXY_PASSWORD, CLIENT_SECRET]) == []
+
+
+_BAD_SETTINGS: dict[str, dict[str, Any]] = {
+    "remote proxy for http": {"token_proxy": f"http://u:{PROXY_PASSWORD}@192.0.2.1:3128"},
+    "refused key": {
+        "token_session_args": {"proxy": f"http://u:{PROXY_PASSWORD}@127.0.0.1:1", "headers": {}}
+    },
+    "graphql proxy, remote": {
+        "client_session_args": {"proxy": f"http://u:{PROXY_PASSWORD}@192.0.2.1:3128"}
+    },
+    "bad max_renewals": {
+        "token_proxy": f"http://u:{PROXY_PASSWORD}@127.0.0.1:1",
+        "max_renewals": -1,
+    },
+    "bad url": {"url": "ftp://127.0.0.1/graphql", "token_proxy": f"http://u:{PROXY_PASSWORD}@h:1"},
+    "auth given": {"auth": object(), "token_proxy": f"http://u:{PROXY_PASSWORD}@127.0.0.1:1"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_SETTINGS))
+def test_a_refused_oauth2_constructor_leaves_no_credential_in_its_frames(case: str) -> None:
+    """Crash reporters read every frame's locals: the library's hold no secret afterwards."""
+    settings = dict(_BAD_SETTINGS[case])
+    url = settings.pop("url", "http://127.0.0.1:1/graphql")
+    with pytest.raises(ConfigurationError) as caught:
+        OAuth2Transport(
+            url,
+            token_url="http://127.0.0.1:1/oauth2/token",
+            client_id="review-client",
+            client_secret=CLIENT_SECRET,
+            **settings,
+        )
+    assert shown(caught.value, [CLIENT_SECRET, PROXY_PASSWORD]) == []
+
+
+def test_a_refused_api_key_constructor_leaves_no_credential_in_its_frames() -> None:
+    """The same for ApiKeyTransport refusing its URL."""
+    with pytest.raises(ConfigurationError) as caught:
+        ApiKeyTransport(
+            "ftp://127.0.0.1/graphql", client_id="review-client", client_secret=CLIENT_SECRET
+        )
+    assert shown(caught.value, [CLIENT_SECRET]) == []
+
+
+@pytest.mark.parametrize("cls", [ApiKeyTransport, OAuth2Transport])
+def test_from_env_refused_leaves_neither_the_secret_nor_the_environment_in_its_frames(
+    cls: type[ApiKeyTransport] | type[OAuth2Transport],
+) -> None:
+    """A missing variable: from_env's frames held the whole environment, secret included."""
+    environ = {"SERVICE_CLIENT_SECRET": CLIENT_SECRET, "SERVICE_CLIENT_ID": "review-client"}
+    with pytest.raises(ConfigurationError, match="SERVICE_BASE_URL") as caught:
+        cls.from_env(environ)
+    assert shown(caught.value, [CLIENT_SECRET]) == []
+
+
+def _raising_trace() -> Any:
+    """A TraceConfig whose request-start callback fails, as a metrics client that is down."""
+
+    async def on_request_start(*_: object) -> None:
+        raise RuntimeError("metrics backend down")
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(on_request_start)
+    return trace
+
+
+@pytest.mark.parametrize("method", ["client_secret_post", "client_secret_basic"])
+async def test_a_failing_trace_callback_of_the_token_session_leaves_no_secret_in_frames(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], method: str
+) -> None:
+    """aiohttp's frames between our fetch and the callback held the form and headers."""
+    transport = make_oauth2(
+        token_session_args={"trace_configs": [_raising_trace()]},
+        token_auth_method=method,
+        retry=ONE_ATTEMPT,
+    )
+    with pytest.raises(TokenRequestError) as caught:
+        async with Client(transport=transport) as session:
+            await session.execute(COUNT)
+    client = emulator.recent_client
+    basic = base64.b64encode(f"{client.client_id}:{client.client_secret}".encode()).decode()
+    assert shown(caught.value, [client.client_secret, basic]) == []
+
+
+@pytest.mark.parametrize("kind", ["api_key", "oauth2"])
+async def test_a_failing_trace_callback_of_the_graphql_session_leaves_no_credential_in_frames(
+    emulator: Emulator,
+    make_api_key: Callable[..., ApiKeyTransport],
+    make_oauth2: Callable[..., OAuth2Transport],
+    kind: str,
+) -> None:
+    """The same through gql's TransportConnectionFailed, for the GraphQL request's headers."""
+    args = {"client_session_args": {"trace_configs": [_raising_trace()]}}
+    transport = make_api_key(**args) if kind == "api_key" else make_oauth2(**args)
+    async with Client(transport=transport) as session:
+        with pytest.raises(TransportError) as caught:
+            await session.execute(COUNT)
+        token = transport.token.value if isinstance(transport, OAuth2Transport) else ""
+    assert shown(caught.value, [emulator.recent_client.client_secret, token]) == []
+
+
+# -- The token store: a Redis URL password, the store_key -----------------------------
+
+REDIS_PASSWORD = "hunter2-redis-password-8c1f"
+
+STORE_KEY = "store-key-material-5a7e-0011"
+
+
+@pytest.mark.parametrize(
+    "url_of",
+    [
+        lambda port: f"redis://user:{REDIS_PASSWORD}@127.0.0.1:{port}/0",  # ACL refuses
+        lambda port: f"redis://user:{REDIS_PASSWORD}@127.0.0.1:{port}/notadb",
+    ],
+    ids=["wrong-password", "bad-db"],
+)
+async def test_no_secret_in_the_error_when_redis_and_the_token_endpoint_fail(
+    live_emulator: Emulator,
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+    url_of: Any,
+) -> None:
+    """Redis and the token endpoint both fail: no Redis password, store_key or secret shown."""
+    live_emulator.fail_token_requests(1, 401, body={"error": "invalid_client"})
+    events: list[AuthEvent] = []
+    client = live_emulator.recent_client
+    with RedisTokenStore.from_url(url_of(redis_server.port), store_key=STORE_KEY) as store:
+        transport = with_store(live_emulator, store, events)
+        with pytest.raises(TokenRequestError) as info:
+            await query(transport)
+        # As a debugger shows them: the transport unfolded, its token cache and shared
+        # level among what it holds, and the store.
+        texts = repr(store) + repr(vars(store)) + unfolded(transport)
+    exc = info.value
+    secrets = [REDIS_PASSWORD, STORE_KEY, client.client_secret]
+    where = shown(exc, secrets)
+    chain = []
+    link: BaseException | None = exc
+    while link is not None:
+        chain.append(f"{type(link).__name__}: {link}")
+        link = link.__cause__ or link.__context__
+    print([(e.name, e.error) for e in events])
+    print("chain:", chain)
+    print("shown at:", where)
+    logs = "".join(r.getMessage() + repr(r.__dict__) for r in caplog.records)
+    assert not any(s in logs for s in secrets)
+    assert not any(s in texts for s in secrets)
+    assert where == []

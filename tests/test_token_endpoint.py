@@ -5,13 +5,29 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
+from typing import Any
 
 import pytest
 from gql import Client
 from gql.transport.exceptions import TransportQueryError
-from support import COUNT, wait_until
+from support import (
+    COUNT,
+    ONE_ATTEMPT,
+    closed_port,
+    finish,
+    start_thread,
+    sync_execute,
+    wait_until,
+)
 
-from gql_service_auth import AuthEvent, OAuth2Transport, RetryPolicy, TokenRequestError
+from gql_service_auth import (
+    AuthEvent,
+    OAuth2Transport,
+    RetryPolicy,
+    TokenRequestError,
+)
 from gql_service_auth.emulator import ClientRecord, Emulator
 
 
@@ -204,14 +220,12 @@ async def test_unreachable_token_endpoint_is_retried_then_reported(
     make_oauth2: Callable[..., OAuth2Transport],
 ) -> None:
     """Connection refused is retried within the bound and reported as retryable."""
-    with socket.socket() as probe:  # a port that was free a moment ago, with nobody listening
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     policy = RetryPolicy(attempts=2, wait_initial=0, wait_max=0, wait_jitter=0)
-    transport = make_oauth2(token_url=f"http://127.0.0.1:{port}/oauth2/token", retry=policy)
-    async with Client(transport=transport) as session:
-        with pytest.raises(TokenRequestError, match="could not reach") as caught:
-            await session.execute(COUNT)
+    with closed_port() as port:
+        transport = make_oauth2(token_url=f"http://127.0.0.1:{port}/oauth2/token", retry=policy)
+        async with Client(transport=transport) as session:
+            with pytest.raises(TokenRequestError, match="could not reach") as caught:
+                await session.execute(COUNT)
     assert caught.value.status is None
     assert caught.value.retryable
     assert caught.value.attempts == 2
@@ -280,3 +294,157 @@ async def test_token_unfit_for_a_header_is_refused(
         with pytest.raises(TokenRequestError, match="cannot be sent in an HTTP header"):
             await session.execute(COUNT)
     assert emulator.counters.graphql_requests == 0
+
+
+async def test_hanging_token_endpoint_fails_within_the_time_bound(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A token endpoint that never answers ends in a retryable error once the budget is spent."""
+    emulator.token_latency = 5.0
+    policy = RetryPolicy(attempts=5, timeout=0.3, wait_initial=0, wait_max=0, wait_jitter=0)
+    started = time.monotonic()
+    async with Client(transport=make_oauth2(retry=policy)) as session:
+        with pytest.raises(TokenRequestError, match="could not reach") as caught:
+            await session.execute(COUNT)
+    assert time.monotonic() - started < 2.0
+    assert caught.value.retryable
+    assert emulator.counters.token_requests <= 2
+    assert emulator.counters.graphql_requests == 0
+
+
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_hanging_token_endpoint_fails_with_token_request_error_within_gqls_timeout(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Default RetryPolicy, gql's default execute_timeout: a hanging endpoint ends in our error."""
+    emulator.token_latency = 30
+    with pytest.raises(TokenRequestError):
+        async with Client(transport=make_oauth2(retry=RetryPolicy())) as session:
+            await session.execute(COUNT)
+
+
+@pytest.mark.usefixtures("no_resource_left_open")
+def test_a_slow_resolver_does_not_stretch_a_fetch_past_its_bound(
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """getaddrinfo stuck for 3 s: the fetch ends in TokenRequestError at its 0.5 s bound."""
+    real_getaddrinfo = socket.getaddrinfo
+
+    def slow(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "localhost":
+            time.sleep(3)
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    token_url = emulator.token_url.replace("127.0.0.1", "localhost")
+    transport = make_oauth2(token_url=token_url, retry=RetryPolicy(timeout=0.5, wait_jitter=0))
+    began = time.monotonic()
+    outcome = finish(start_thread(lambda: sync_execute(transport, 10)))
+    assert isinstance(outcome, TokenRequestError)
+    assert time.monotonic() - began < 4
+
+
+async def test_unsupported_grant_type_points_at_the_token_url(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """unsupported_grant_type fails at once and says token_url may be wrong."""
+    emulator.fail_token_requests(1, 400, body={"error": "unsupported_grant_type"})
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(TokenRequestError, match="token_url") as caught:
+            await session.execute(COUNT)
+    assert caught.value.error == "unsupported_grant_type"
+    assert emulator.counters.token_requests == 1
+
+
+async def test_unknown_token_error_codes_still_explain(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """An unknown error code with 403 points at the credentials; a bare 418 at the URL."""
+    emulator.fail_token_requests(1, 403, body={"error": "access_denied"})
+    emulator.fail_token_requests(1, 418, body=b"teapot")
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(TokenRequestError, match="client_secret"):
+            await session.execute(COUNT)
+        with pytest.raises(TokenRequestError, match="token_url") as caught:
+            await session.execute(COUNT)
+    assert caught.value.error is None
+
+
+async def test_retry_after_forms(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Retry-After is read as seconds or as an HTTP-date; nonsense is ignored."""
+
+    async def retry_after(value: str | None) -> float | None:
+        """The retry_after of the error a 429 with this Retry-After ends in (one attempt)."""
+        emulator.fail_token_requests(
+            1, 429, headers={} if value is None else {"Retry-After": value}
+        )
+        async with Client(transport=make_oauth2(retry=ONE_ATTEMPT)) as session:
+            with pytest.raises(TokenRequestError) as caught:
+                await session.execute(COUNT)
+        return caught.value.retry_after
+
+    later = datetime.now(timezone.utc) + timedelta(seconds=30)
+    assert await retry_after(format_datetime(later, usegmt=True)) == pytest.approx(30, abs=2)
+    assert await retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    assert await retry_after("2.5") == 2.5
+    assert await retry_after("-3") == 0.0
+    assert await retry_after("soon") is None
+    assert await retry_after("inf") is None
+    assert await retry_after(None) is None
+
+
+async def test_oversized_token_answer_is_refused(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A token endpoint that sends megabytes is stopped after 64 KiB, with a clear error."""
+    emulator.fail_token_requests(1, 200, body=b"x" * (1024 * 1024))
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(TokenRequestError, match="more than"):
+            await session.execute(COUNT)
+
+
+async def test_token_answer_arriving_in_pieces_is_read_whole(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A token body delivered in two chunks with a pause between them is read in full."""
+    emulator.token_body_delay = 0.05
+    async with Client(transport=make_oauth2()) as session:
+        result = await session.execute(COUNT)
+    assert result["carriers"]["totalCount"] == 25
+
+
+async def test_a_token_type_other_than_bearer_is_refused(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """A DPoP token is not sent as a Bearer token: a TokenRequestError names token_type."""
+    body = {"access_token": "opaque-dpop-value", "token_type": "DPoP", "expires_in": 3600}
+    emulator.fail_token_requests(1, 200, body=body)
+    async with Client(transport=make_oauth2()) as session:
+        with pytest.raises(TokenRequestError, match="token_type"):
+            await session.execute(COUNT)
+    assert emulator.counters.token_requests == 1
+    assert emulator.counters.graphql_requests == 0
+
+
+@pytest.mark.parametrize("token_type", ["bearer", "BEARER", None])
+async def test_bearer_in_any_case_or_no_token_type_is_accepted(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], token_type: str | None
+) -> None:
+    """``token_type`` is compared without case, and a missing one means Bearer."""
+    issuer = make_oauth2()
+    async with Client(transport=issuer) as session:
+        await session.execute(COUNT)
+    assert issuer.token is not None
+    body: dict[str, Any] = {"access_token": issuer.token.value, "expires_in": 3600}
+    if token_type is not None:
+        body["token_type"] = token_type
+    emulator.reset_counters()
+    emulator.fail_token_requests(1, 200, body=body)
+    async with Client(transport=make_oauth2()) as session:
+        result = await session.execute(COUNT)
+    assert result["carriers"]["totalCount"] == 25
+    assert emulator.counters.token_requests == 1

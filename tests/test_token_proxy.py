@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 from gql import Client
 from gql.transport.exceptions import TransportConnectionFailed
-from support import COUNT, exception_chain, wait_until
+from support import COUNT, closed_port, exception_chain, wait_until
 from yarl import URL
 
 from gql_service_auth import (
@@ -289,13 +289,11 @@ async def test_an_unreachable_proxy_is_retried_then_reported_without_its_passwor
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
     """A proxy that refuses connections is a retryable failure whose message names the proxy."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    closed = f"http://tester:{_leak_shaped()}@127.0.0.1:{port}"
     policy = RetryPolicy(attempts=2, wait_initial=0, wait_max=0, wait_jitter=0)
-    with pytest.raises(TokenRequestError) as caught:
-        await _query(make_oauth2(token_proxy=closed, retry=policy))
+    with closed_port() as port:
+        closed = f"http://tester:{_leak_shaped()}@127.0.0.1:{port}"
+        with pytest.raises(TokenRequestError) as caught:
+            await _query(make_oauth2(token_proxy=closed, retry=policy))
     assert caught.value.retryable
     assert caught.value.attempts == 2
     assert "token_proxy" in str(caught.value)

@@ -10,14 +10,23 @@ from __future__ import annotations
 import asyncio
 import pickle
 import threading
-from collections.abc import Iterator
 from datetime import date
 from typing import Any
 
 import pytest
 from gql import Client
-from redis_server import RedisServer, command, free_port
-from support import COUNT, Fleet, fleet_config, query, with_store
+from redis_server import RedisServer, command
+from support import (
+    COUNT,
+    SLOW_MACHINE,
+    Fleet,
+    closed_port,
+    fleet_config,
+    identity_of,
+    query,
+    token_of_its_own,
+    with_store,
+)
 
 from gql_service_auth import (
     AuthEvent,
@@ -29,43 +38,6 @@ from gql_service_auth import (
 )
 from gql_service_auth.emulator import ClientRecord, Emulator
 from gql_service_auth.redis import RedisTokenStore
-
-SLOW_MACHINE = 2.0
-"""Seconds of store timeout where a test counts requests rather than tests timeouts."""
-
-
-@pytest.fixture
-def emulator() -> Iterator[Emulator]:
-    """The emulator on the real clock (freshness in the store is Redis's PTTL)."""
-    with Emulator().run_in_thread() as running:
-        yield running
-
-
-@pytest.fixture
-def store(redis_server: RedisServer) -> Iterator[RedisTokenStore]:
-    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as opened:
-        yield opened
-
-
-def identity_of(emulator: Emulator, client: ClientRecord | None = None) -> TokenIdentity:
-    """The identity under which with_store()'s transports share their token."""
-    client = client or emulator.recent_client
-    return TokenIdentity.of(
-        token_url=emulator.token_url,
-        client_id=client.client_id,
-        client_secret=client.client_secret,
-        scope=None,
-        token_params={},
-        auth_method="client_secret_post",
-    )
-
-
-async def token_of_its_own(emulator: Emulator) -> str:
-    """A token the emulator issued to a transport with no store (as a peer would hold)."""
-    peer = with_store(emulator, None)
-    await query(peer)
-    assert peer.token is not None
-    return peer.token.value
 
 
 def run_fleet(processes: int, config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -81,34 +53,34 @@ def run_fleet(processes: int, config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def test_a_revocation_that_covers_a_peers_newer_token_fails_no_query(
-    emulator: Emulator, store: RedisTokenStore
+    live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """Refused, a transport does not take a stored token from before its refusal: it fetches."""
     events: list[AuthEvent] = []
-    transport = with_store(emulator, store, events)
+    transport = with_store(live_emulator, store, events)
     await query(transport)
     # A peer renewed ahead of expiry and stored its newer token; then every token is revoked.
-    newer = await token_of_its_own(emulator)
-    assert await store.save(identity_of(emulator), StoredToken(newer, 3600.0, 3600.0))
-    emulator.revoke_tokens()
+    newer = await token_of_its_own(live_emulator)
+    assert await store.save(identity_of(live_emulator), StoredToken(newer, 3600.0, 3600.0))
+    live_emulator.revoke_tokens()
     await query(transport)  # before: UnauthenticatedError after 1 renewal
     assert transport.token is not None
     assert transport.token.value != newer
-    assert emulator.counters.token_requests == 3
+    assert live_emulator.counters.token_requests == 3
     assert [e.name for e in events].count("token_fetched") == 2
 
 
 async def test_the_renewal_of_a_revoked_shared_token_serves_every_transport(
-    emulator: Emulator, store: RedisTokenStore
+    live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """Refused one after another with the fleet's token, transports share one renewal."""
-    transports = [with_store(emulator, store) for _ in range(4)]
+    transports = [with_store(live_emulator, store) for _ in range(4)]
     for transport in transports:
         await query(transport)
-    emulator.revoke_tokens()
+    live_emulator.revoke_tokens()
     for transport in transports:  # each learns of the revocation later than the one before
         await query(transport)
-    assert emulator.counters.token_requests == 2
+    assert live_emulator.counters.token_requests == 2
     assert len({t.token.value for t in transports if t.token is not None}) == 1
 
 
@@ -116,13 +88,13 @@ async def test_the_renewal_of_a_revoked_shared_token_serves_every_transport(
 
 
 def test_processes_waiting_on_a_failing_fetch_learn_its_error(
-    emulator: Emulator, redis_server: RedisServer
+    live_emulator: Emulator, redis_server: RedisServer
 ) -> None:
     """6 processes, a 503 endpoint: all end in TokenRequestError, after one process's tries."""
-    emulator.token_latency = 0.2
-    emulator.fail_token_requests(1000, 503)
+    live_emulator.token_latency = 0.2
+    live_emulator.fail_token_requests(1000, 503)
     config = fleet_config(
-        emulator,
+        live_emulator,
         redis_server.url,
         concurrency=1,
         retry_timeout=1.5,
@@ -135,17 +107,17 @@ def test_processes_waiting_on_a_failing_fetch_learn_its_error(
     # execute_timeout (TimeoutError).
     assert [o["failures"] for o in outcomes] == [["TokenRequestError"]] * 6
     # One process's tries (at most 4 of 0.2 s in 1.5 s), not one process's after another's.
-    assert emulator.counters.token_requests <= 4
+    assert live_emulator.counters.token_requests <= 4
 
 
 async def test_a_hung_token_endpoint_ends_in_token_request_error_with_a_store(
-    emulator: Emulator, store: RedisTokenStore
+    live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """Transports waiting on a fetch that hangs get TokenRequestError at its deadline."""
-    emulator.freeze_token_endpoint(10)
+    live_emulator.freeze_token_endpoint(10)
     try:
         retry = RetryPolicy(timeout=1.0)
-        transports = [with_store(emulator, store, retry=retry) for _ in range(3)]
+        transports = [with_store(live_emulator, store, retry=retry) for _ in range(3)]
         outcomes = await asyncio.gather(
             *(
                 asyncio.wait_for(Client(transport=t, execute_timeout=1.8).execute_async(COUNT), 5)
@@ -154,35 +126,35 @@ async def test_a_hung_token_endpoint_ends_in_token_request_error_with_a_store(
             return_exceptions=True,
         )
     finally:
-        emulator.freeze_token_endpoint(0)
+        live_emulator.freeze_token_endpoint(0)
     assert [type(o).__name__ for o in outcomes] == ["TokenRequestError"] * 3
-    assert emulator.counters.token_requests == 1
+    assert live_emulator.counters.token_requests == 1
 
 
 # 3. The store's own connection pool is no outage.
 
 
 async def test_two_hundred_transports_on_one_store_read_their_tokens(
-    emulator: Emulator, store: RedisTokenStore
+    live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """200 credentials, each token in Redis: 200 new transports at once cost 0 token requests."""
     registered = date(2025, 1, 15)
     clients = [ClientRecord.generate(f"emu-pool-client-{i}", registered) for i in range(200)]
-    emulator.clients.update((c.client_id, c) for c in clients)
+    live_emulator.clients.update((c.client_id, c) for c in clients)
 
     retry = RetryPolicy()  # the default 8 s deadline: 200 fetches at once on a slow machine
     for client in clients:  # one at a time: the tokens land in Redis
-        await query(with_store(emulator, store, client=client, retry=retry))
-    emulator.reset_counters()
+        await query(with_store(live_emulator, store, client=client, retry=retry))
+    live_emulator.reset_counters()
     events: list[AuthEvent] = []
     await asyncio.gather(
         *(
-            query(with_store(emulator, store, events, client=client, retry=retry))
+            query(with_store(live_emulator, store, events, client=client, retry=retry))
             for client in clients
         )
     )
     # Before: over redis-py's pool of 100, MaxConnectionsError passed for Redis being down.
-    assert emulator.counters.token_requests == 0
+    assert live_emulator.counters.token_requests == 0
     assert [e.name for e in events] == ["token_loaded"] * 200
 
 
@@ -190,14 +162,14 @@ async def test_two_hundred_transports_on_one_store_read_their_tokens(
 
 
 async def test_a_new_process_takes_a_stored_token_due_for_renewal(
-    emulator: Emulator, store: RedisTokenStore
+    live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """With 20 s left of 3600 (past the 60 s margin), a stored token serves a cold transport."""
-    stored = await token_of_its_own(emulator)
-    assert await store.save(identity_of(emulator), StoredToken(stored, 20.0, 3600.0))
-    emulator.fail_token_requests(1000, 503)  # the token endpoint is down
+    stored = await token_of_its_own(live_emulator)
+    assert await store.save(identity_of(live_emulator), StoredToken(stored, 20.0, 3600.0))
+    live_emulator.fail_token_requests(1000, 503)  # the token endpoint is down
     events: list[AuthEvent] = []
-    transport = with_store(emulator, store, events)
+    transport = with_store(live_emulator, store, events)
     await query(transport, times=3)  # before: TokenRequestError
     assert transport.token is not None
     assert transport.token.value == stored
@@ -205,13 +177,13 @@ async def test_a_new_process_takes_a_stored_token_due_for_renewal(
 
 
 async def test_a_token_due_for_renewal_taken_from_the_store_is_renewed_in_the_background(
-    emulator: Emulator, store: RedisTokenStore
+    live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """The next query after taking it renews it once, for this transport and the store."""
-    stored = await token_of_its_own(emulator)
-    assert await store.save(identity_of(emulator), StoredToken(stored, 20.0, 3600.0))
+    stored = await token_of_its_own(live_emulator)
+    assert await store.save(identity_of(live_emulator), StoredToken(stored, 20.0, 3600.0))
     events: list[AuthEvent] = []
-    transport = with_store(emulator, store, events)
+    transport = with_store(live_emulator, store, events)
     await query(transport)
     await query(transport)
     for _ in range(200):  # bounded: 2 s at most
@@ -220,7 +192,7 @@ async def test_a_token_due_for_renewal_taken_from_the_store_is_renewed_in_the_ba
         await asyncio.sleep(0.01)
     assert [e.name for e in events] == ["token_loaded", "token_fetched"]
     assert events[1].reason == "expiring"
-    loaded = await store.load(identity_of(emulator))
+    loaded = await store.load(identity_of(live_emulator))
     assert loaded is not None
     assert loaded.access_token == transport.token.value
 
@@ -229,34 +201,34 @@ async def test_a_token_due_for_renewal_taken_from_the_store_is_renewed_in_the_ba
 
 
 async def test_from_env_transports_share_one_store(
-    emulator: Emulator, redis_server: RedisServer
+    live_emulator: Emulator, redis_server: RedisServer
 ) -> None:
     """A from_env() transport per job: one store, one thread, one connection, one token."""
-    environ = {**emulator.environ(), "SERVICE_TOKEN_STORE_URL": redis_server.url}
+    environ = {**live_emulator.environ(), "SERVICE_TOKEN_STORE_URL": redis_server.url}
     for _ in range(20):
         await query(OAuth2Transport.from_env(environ))
     threads = [t for t in threading.enumerate() if t.name == "gql-service-auth-redis"]
     assert len(threads) == 1  # before: one per transport, until the garbage collector ran
     clients = command(redis_server.port, "CLIENT", "LIST").count(b"cmd=")
     assert clients <= 2  # the store's, and the one asking
-    assert emulator.counters.token_requests == 1
+    assert live_emulator.counters.token_requests == 1
 
 
 # 7. close() racing a store call.
 
 
 async def test_closing_the_store_during_a_call_is_quiet(
-    emulator: Emulator, own_redis: RedisServer
+    live_emulator: Emulator, own_redis: RedisServer
 ) -> None:
     """A call cut short by close() is no store failure: a direct fetch, and no warning."""
     events: list[AuthEvent] = []
     store = RedisTokenStore.from_url(own_redis.url, timeout=3.0)
-    assert await store.load(identity_of(emulator)) is None  # connected
+    assert await store.load(identity_of(live_emulator)) is None  # connected
     own_redis.pause()
     try:
         closer = threading.Timer(0.3, store.close)
         closer.start()
-        await asyncio.wait_for(query(with_store(emulator, store, events)), 15)
+        await asyncio.wait_for(query(with_store(live_emulator, store, events)), 15)
         closer.join()
     finally:
         own_redis.resume()
@@ -267,10 +239,10 @@ async def test_closing_the_store_during_a_call_is_quiet(
 
 
 async def test_a_lock_without_a_time_to_live_is_taken_over(
-    emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
+    live_emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
 ) -> None:
     """A lock that lost its TTL (a restore, a PERSIST) stalls no fetch, and heals."""
-    await query(with_store(emulator, store))
+    await query(with_store(live_emulator, store))
     names = [name.decode() for name, _ in redis_server.dump()]
     token_key = next(name for name in names if name.endswith(":token"))
     lock_key = token_key.removesuffix(":token") + ":lock"
@@ -278,7 +250,7 @@ async def test_a_lock_without_a_time_to_live_is_taken_over(
     command(redis_server.port, "DEL", token_key)
     events: list[AuthEvent] = []
     # Before: waited out for lock_ttl, then fetched unlocked, and the lock stayed forever.
-    await asyncio.wait_for(query(with_store(emulator, store, events)), 10)
+    await asyncio.wait_for(query(with_store(live_emulator, store, events)), 10)
     assert [e.name for e in events] == ["token_fetched"]
     assert command(redis_server.port, "EXISTS", lock_key) == b":0\r\n"
 
@@ -287,15 +259,15 @@ async def test_a_lock_without_a_time_to_live_is_taken_over(
 
 
 async def test_a_store_failure_names_the_redis_and_the_cause_once_per_store(
-    emulator: Emulator,
+    live_emulator: Emulator,
 ) -> None:
     """5 transports, Redis down: one token_store_failed naming host, port and cause."""
-    port = free_port()
     events: list[AuthEvent] = []
-    url = f"redis://user:store-password-4f1c@127.0.0.1:{port}/2?socket_keepalive=true"
-    with RedisTokenStore.from_url(url) as store:
-        for _ in range(5):
-            await query(with_store(emulator, store, events))
+    with closed_port() as port:
+        url = f"redis://user:store-password-4f1c@127.0.0.1:{port}/2?socket_keepalive=true"
+        with RedisTokenStore.from_url(url) as store:
+            for _ in range(5):
+                await query(with_store(live_emulator, store, events))
     failed = [e for e in events if e.name == "token_store_failed"]
     assert len(failed) == 1  # before: one per transport
     assert failed[0].store == f"redis://127.0.0.1:{port}/2"
@@ -308,17 +280,17 @@ async def test_a_store_failure_names_the_redis_and_the_cause_once_per_store(
 
 
 async def test_two_revocations_in_a_row_fail_no_query(
-    emulator: Emulator, store: RedisTokenStore
+    live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """An idle transport takes the stored replacement of its token, which a second
     revocation covered too: one send more for each of its 5 queries, and one fresh fetch."""
     events: list[AuthEvent] = []
-    first, idle = with_store(emulator, store), with_store(emulator, store, events)
+    first, idle = with_store(live_emulator, store), with_store(live_emulator, store, events)
     await query(first)
     await query(idle)
-    emulator.revoke_tokens()
+    live_emulator.revoke_tokens()
     await query(first)  # renews, and stores the replacement of the shared token
-    emulator.revoke_tokens()
+    live_emulator.revoke_tokens()
     del events[:]
     await query(idle, times=5)  # before: UnauthenticatedError after 1 renewal
     assert [e.name for e in events if e.name.startswith("token_")] == [
@@ -327,23 +299,23 @@ async def test_two_revocations_in_a_row_fail_no_query(
         "token_rejected",
         "token_fetched",
     ]
-    assert emulator.counters.token_requests == 3
+    assert live_emulator.counters.token_requests == 3
 
 
 async def test_a_renewal_under_way_at_a_refusal_does_not_serve_it_an_older_token(
-    emulator: Emulator, store: RedisTokenStore
+    live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """A renewal ahead of expiry that reads a peer's token from before the revocation does
     not answer the refusal that came meanwhile: the request waits for a fetch after it."""
-    emulator.token_ttl = 1.0
+    live_emulator.token_ttl = 1.0
     events: list[AuthEvent] = []
-    transport = with_store(emulator, store, events)
+    transport = with_store(live_emulator, store, events)
     await query(transport)  # a 1 s token, renewed ahead from 0.5 s on
-    emulator.token_ttl = 60.0
-    newer = await token_of_its_own(emulator)  # a peer's, stored, not due for renewal
-    assert await store.save(identity_of(emulator), StoredToken(newer, 60.0, 60.0))
+    live_emulator.token_ttl = 60.0
+    newer = await token_of_its_own(live_emulator)  # a peer's, stored, not due for renewal
+    assert await store.save(identity_of(live_emulator), StoredToken(newer, 60.0, 60.0))
     await asyncio.sleep(0.55)
-    emulator.revoke_tokens()
+    live_emulator.revoke_tokens()
     # The query starts the renewal, which reads the peer's token (unless the refusal came
     # first: then it fetches), and is refused meanwhile.
     await query(transport)  # before: UnauthenticatedError after 1 renewal
@@ -394,24 +366,24 @@ class OlderStore(MemoryStore):
 
 
 async def test_a_store_whose_method_fails_to_be_called_is_a_store_that_failed(
-    emulator: Emulator,
+    live_emulator: Emulator,
 ) -> None:
     """A method with other arguments counts as the store failing: the query succeeds."""
     events: list[AuthEvent] = []
-    await query(with_store(emulator, OlderStore(), events), times=3)
+    await query(with_store(live_emulator, OlderStore(), events), times=3)
     assert [e.name for e in events] == ["token_store_failed", "token_fetched"]
     assert events[0].error == "TypeError"
     assert events[0].store == "OlderStore"
 
 
-def test_a_store_without_failure_is_refused(emulator: Emulator) -> None:
+def test_a_store_without_failure_is_refused(live_emulator: Emulator) -> None:
     """token_store= needs every method of the protocol, failure() included."""
 
     class NoFailure(MemoryStore):
         failure = None  # type: ignore[assignment]
 
     with pytest.raises(ConfigurationError, match=r"has no failure\(\)"):
-        with_store(emulator, NoFailure())
+        with_store(live_emulator, NoFailure())
 
 
 @pytest.mark.parametrize(
@@ -432,45 +404,45 @@ def test_a_store_url_redis_cannot_read_is_refused_without_showing_it(url: str) -
 
 
 async def test_damaged_values_in_redis_are_as_good_as_absent(
-    emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
+    live_emulator: Emulator, store: RedisTokenStore, redis_server: RedisServer
 ) -> None:
     """A token hash with a damaged field is replaced by the next fetch, quietly."""
-    await query(with_store(emulator, store))
+    await query(with_store(live_emulator, store))
     token_key = next(n.decode() for n, _ in redis_server.dump() if n.endswith(b":token"))
     command(redis_server.port, "HSET", token_key, "life", "not-a-number")
     events: list[AuthEvent] = []
-    await query(with_store(emulator, store, events))
-    await query(with_store(emulator, store, events))
+    await query(with_store(live_emulator, store, events))
+    await query(with_store(live_emulator, store, events))
     assert [e.name for e in events] == ["token_fetched", "token_loaded"]
 
 
 async def test_unpickled_from_env_transports_share_the_store(
-    emulator: Emulator, redis_server: RedisServer
+    live_emulator: Emulator, redis_server: RedisServer
 ) -> None:
     """A from_env() transport sent to a worker by pickle uses that process's one store."""
-    environ = {**emulator.environ(), "SERVICE_TOKEN_STORE_URL": redis_server.url}
+    environ = {**live_emulator.environ(), "SERVICE_TOKEN_STORE_URL": redis_server.url}
     pickled = pickle.dumps(OAuth2Transport.from_env(environ))
     for _ in range(10):
         await query(pickle.loads(pickled))
     threads = [t for t in threading.enumerate() if t.name == "gql-service-auth-redis"]
     assert len(threads) == 1
-    assert emulator.counters.token_requests == 1
+    assert live_emulator.counters.token_requests == 1
 
 
 async def test_the_replacement_of_a_newer_token_serves_a_transport_refused_with_an_older_one(
-    emulator: Emulator, store: RedisTokenStore
+    live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """Two tokens in use at a revocation: the newer one's replacement serves both."""
-    older = with_store(emulator, store)
+    older = with_store(live_emulator, store)
     await query(older)
-    peer_token = await token_of_its_own(emulator)
-    assert await store.save(identity_of(emulator), StoredToken(peer_token, 3600.0, 3600.0))
-    newer = with_store(emulator, store)
+    peer_token = await token_of_its_own(live_emulator)
+    assert await store.save(identity_of(live_emulator), StoredToken(peer_token, 3600.0, 3600.0))
+    newer = with_store(live_emulator, store)
     await query(newer)  # reads the peer's newer token
-    emulator.revoke_tokens()
+    live_emulator.revoke_tokens()
     await query(newer)  # refused: fetches its replacement
     await query(older)  # refused with the older token: takes the same replacement
-    assert emulator.counters.token_requests == 3
+    assert live_emulator.counters.token_requests == 3
     assert older.token is not None
     assert newer.token is not None
     assert older.token.value == newer.token.value
