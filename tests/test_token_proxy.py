@@ -7,18 +7,11 @@ request tells whether it came through the proxy; its access log names what it fo
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import secrets
-import signal
 import socket
-import subprocess
-import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +19,15 @@ import aiohttp
 import pytest
 from gql import Client
 from gql.transport.exceptions import TransportConnectionFailed
-from support import COUNT, closed_port, exception_chain, wait_until
+from support import (
+    COUNT,
+    PROXY_VARIABLES,
+    Proxy,
+    closed_port,
+    exception_chain,
+    running_proxy,
+    wait_until,
+)
 from yarl import URL
 
 from gql_service_auth import (
@@ -38,7 +39,6 @@ from gql_service_auth import (
 )
 from gql_service_auth.emulator import Emulator
 
-_PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
 _UNROUTABLE_PROXY = "http://192.0.2.1:3128"  # TEST-NET-1, never connected to: refused first
 
 
@@ -47,62 +47,10 @@ def _leak_shaped() -> str:
     return "emu-secret-" + secrets.token_urlsafe(18)
 
 
-@dataclass(frozen=True)
-class Proxy:
-    """A running proxy.py: where it listens, and its access log."""
-
-    url: str
-    log: Path
-
-    def forwarded(self, emulator: Emulator, path: str) -> bool:
-        """Whether the access log shows a POST to ``path`` on ``emulator``."""
-        host = URL(emulator.base_url).authority
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return f"POST {host}{path} " in text
-
-
-@contextlib.contextmanager
-def _running_proxy(directory: Path, *options: str) -> Iterator[Proxy]:
-    """proxy.py on 127.0.0.1 and a free port; stopped, children included, whatever happens."""
-    directory.mkdir(parents=True, exist_ok=True)
-    port_file, log = directory / "port", directory / "access.log"
-    env = {k: v for k, v in os.environ.items() if k.lower() not in _PROXY_VARIABLES}
-    with (directory / "output.txt").open("wb") as output:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "proxy", "--hostname", "127.0.0.1", "--port", "0",
-                "--port-file", str(port_file), "--num-acceptors", "1", "--num-workers", "1",
-                "--log-file", str(log), "--data-dir", str(directory / "data"), *options,
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # its own process group, so its workers go with it
-        )  # fmt: skip
-    try:
-        # It writes the port file once listening; connections made before its workers
-        # start wait in the listen backlog.
-        deadline = time.monotonic() + 30
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if process.poll() is not None or time.monotonic() > deadline:
-                output_text = (directory / "output.txt").read_text(errors="replace")
-                raise AssertionError(f"proxy.py did not start: {output_text[-2000:]}")
-            time.sleep(0.02)
-        yield Proxy(f"http://127.0.0.1:{port_file.read_text().split()[0]}", log)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     """One open proxy for the module's tests (each has its own emulator and port)."""
-    with _running_proxy(tmp_path_factory.mktemp("proxy")) as running:
+    with running_proxy(tmp_path_factory.mktemp("proxy")) as running:
         yield running
 
 
@@ -116,14 +64,14 @@ def proxy_login() -> tuple[str, str]:
 def auth_proxy(tmp_path: Path, proxy_login: tuple[str, str]) -> Iterator[Proxy]:
     """A proxy that answers 407 without the right Proxy-Authorization."""
     user, password = proxy_login
-    with _running_proxy(tmp_path / "auth-proxy", "--basic-auth", f"{user}:{password}") as running:
+    with running_proxy(tmp_path / "auth-proxy", "--basic-auth", f"{user}:{password}") as running:
         yield running
 
 
 @pytest.fixture(autouse=True)
 def no_proxy_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with no proxy variables, whatever the machine has."""
-    for name in _PROXY_VARIABLES:
+    for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
 
