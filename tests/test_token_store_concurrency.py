@@ -180,5 +180,4 @@ async def test_one_second_tokens_under_load(
         after_refusals = [
             e for e in events if e.name == "token_fetched" and e.reason == "rejected"
         ]
-        print("renewals after refusals", len(after_refusals))
         assert live_emulator.counters.token_requests - len(after_refusals) <= 7 + slow
