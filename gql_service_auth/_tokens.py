@@ -365,11 +365,6 @@ class TokenManager:
         return None
 
     @property
-    def confirmed(self) -> int:
-        """The newest generation an answer accepted; 0 before any."""
-        return self._refusals.confirmed
-
-    @property
     def refusal_answer(self) -> object:
         """What the adapter kept of the last refusal that dropped a token, or ``None``."""
         return self._refusals.answer
