@@ -146,6 +146,26 @@ def baseline(url: str, token_url: str, client_id: str, client_secret: str) -> AI
     return AIOHTTPTransport(url, headers={"Authorization": "Bearer lean-0"})
 
 
+class _HeaderPerRequest(AIOHTTPTransport):
+    """gql's transport with the same fixed header sent with each request, the way our
+    transports send theirs (never as a session default, which aiohttp would also hand a
+    forward proxy): the share of the per-request header in what ours add. A synchronous
+    override, so no coroutine layer is added."""
+
+    ARGS: ClassVar[dict[str, Any]] = {"headers": {"Authorization": "Bearer lean-0"}}
+
+    def _prepare_request(
+        self, request: Any, extra_args: Any = None, upload_files: bool = False
+    ) -> Any:
+        return super()._prepare_request(request, self.ARGS, upload_files)
+
+
+def header_per_request(
+    url: str, token_url: str, client_id: str, client_secret: str
+) -> AIOHTTPTransport:
+    return _HeaderPerRequest(url)
+
+
 def api_key(url: str, token_url: str, client_id: str, client_secret: str) -> AIOHTTPTransport:
     return ApiKeyTransport(url, client_id=client_id, client_secret=client_secret)
 
@@ -174,6 +194,9 @@ def middleware_contender() -> Factory | None:
 
     return build
 
+
+TOKENLESS = ("baseline", "gql, header per request", "api_key")
+"""The contenders that never ask for a token: left out of the stampede."""
 
 CLEANUPS: dict[int, Callable[[], Awaitable[None]]] = {}
 LEAN_CREDENTIALS = ("bench", "secret")  # the lean server accepts any
@@ -379,7 +402,7 @@ async def stampede(sizes: Sizes, contenders: dict[str, Factory]) -> dict[str, An
     serves them all.
     """
     ttl = sizes.stampede_ttl
-    names = [name for name in contenders if name not in ("baseline", "api_key")]
+    names = [name for name in contenders if name not in TOKENLESS]
     figures: dict[str, Any] = {name: {} for name in names}
     figures["token_ttl"] = ttl
     with contextlib.ExitStack() as stack:
@@ -1180,7 +1203,12 @@ async def run(sizes: Sizes, *, compare: bool, only: str | None = None) -> dict[s
 async def _run(
     sizes: Sizes, *, compare: bool, only: str | None, with_store: Factory | None
 ) -> dict[str, Any]:
-    contenders: dict[str, Factory] = {"baseline": baseline, "api_key": api_key, "oauth2": oauth2}
+    contenders: dict[str, Factory] = {
+        "baseline": baseline,
+        "gql, header per request": header_per_request,
+        "api_key": api_key,
+        "oauth2": oauth2,
+    }
     if with_store is not None:
         contenders["oauth2 + RedisTokenStore"] = with_store
     other = middleware_contender() if compare else None
@@ -1239,7 +1267,10 @@ def print_table(figures: dict[str, Any]) -> None:
 
 
 def _print_overhead(figures: dict[str, Any]) -> None:
-    print("1. Per-request overhead   goal: CPU ratio >= 0.98, at most 4 us, aim 2 us")
+    print(
+        "1. Per-request overhead   goal: within 2 us of CPU per request of gql's transport "
+        "with a fixed header (the baseline), ratio >= 0.99"
+    )
     print(
         "   our layer, in memory (gql and aiohttp's header merge, canned answers, no "
         "network): extra CPU us per request"

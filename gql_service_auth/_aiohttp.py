@@ -10,14 +10,15 @@ import asyncio
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
-from types import MappingProxyType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
+from gql.graphql_request import GraphQLRequest
 from gql.transport.aiohttp import AIOHTTPTransport
-from gql.transport.file_upload import FileVar
+from gql.transport.exceptions import TransportClosed, TransportConnectionFailed, TransportError
+from gql.transport.file_upload import FileVar, close_files
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
@@ -27,6 +28,11 @@ from . import (
 )
 from ._config import check_url
 from ._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from aiohttp.client import _RequestContextManager
+
+_C = TypeVar("_C")
 
 # gql's transport keeps the files of an upload in one attribute per transport, opened
 # before the request and closed in a `finally` after it: concurrent uploads closed each
@@ -51,15 +57,28 @@ def with_authorization(extra_args: Mapping[str, Any] | None, authorization: str)
     return args
 
 
+def transport_error(exc: Exception) -> TransportError:
+    """``exc`` as gql's ``execute`` raises it: its own errors as they are, any other one
+    of the stack as ``TransportConnectionFailed`` caused by it."""
+    if isinstance(exc, TransportError):
+        return exc
+    failed = TransportConnectionFailed(str(exc))
+    failed.__cause__ = exc  # what `raise failed from exc` sets
+    failed.__suppress_context__ = True
+    return failed
+
+
 class SharedArgs:
     """The aiohttp ``post`` arguments of every request sent with one credential.
 
     Built once per token (or once for an API key), and shared by the requests that pass no
     ``extra_args``: building a dict and a ``CIMultiDict`` per request cost more than the
-    rest of this layer. Read-only all the way down (aiohttp copies request headers into a
-    new ``CIMultiDict``), so concurrent requests cannot see each other's header; a new
-    token gets new arguments. Its ``repr`` hides the header, which ``vars(transport)``
-    would show.
+    rest of this layer. Never written: gql copies ``args`` into each request's arguments,
+    and aiohttp copies the read-only headers into a new ``CIMultiDict``, so concurrent
+    requests cannot see each other's header; a new token gets new arguments. (A plain dict,
+    not a ``MappingProxyType``: gql's ``dict.update`` reads a proxy key by key, which
+    figure 1 of ``make bench`` showed.) Its ``repr`` hides the header, which
+    ``vars(transport)`` would show.
 
     The credential is never a default header of the session: aiohttp copies a session's
     default headers into the ``CONNECT`` request it sends a forward proxy, in clear text,
@@ -72,8 +91,7 @@ class SharedArgs:
         #: What the header was made from (a token, the credentials); compared by identity.
         self.source = source
         headers = CIMultiDictProxy(CIMultiDict({"Authorization": authorization}))
-        # gql annotates extra_args as a dict, and only reads it.
-        self.args = cast("dict[str, Any]", MappingProxyType({"headers": headers}))
+        self.args: dict[str, Any] = {"headers": headers}
 
     def __repr__(self) -> str:
         return "<SharedArgs Authorization='***'>"
@@ -159,6 +177,43 @@ class AuthenticatingTransport(AIOHTTPTransport):
             self._sessions.pop(loop, None)
         else:
             self._sessions[loop] = value
+
+    def _post(
+        self,
+        request: GraphQLRequest,
+        extra_args: dict[str, Any] | None,
+        upload_files: bool,
+        credential: _C,
+        header_of: Callable[[_C], str],
+    ) -> _RequestContextManager:
+        """gql's ``AIOHTTPTransport.execute`` up to its post, with ``credential``'s header.
+
+        The fast path of a request sends with gql's own steps (``_prepare_request``,
+        ``session.post``, ``_prepare_result``, :func:`transport_error`,
+        :meth:`_close_upload`) rather than by awaiting gql's ``execute``, and keeps the
+        boundary of :func:`~gql_service_auth._redact.forgets_on_error` in its own body:
+        every coroutine a request goes through is resumed at each of the request's waits,
+        and each of those two layers cost about 1 µs of CPU per request in figure 1 of
+        ``make bench``. gql's own suite runs against these classes. The header and the
+        post arguments stay in this frame, which has returned before any await.
+        """
+        if extra_args:
+            args = with_authorization(extra_args, header_of(credential))
+        else:
+            shared = self._shared_args
+            if shared is None or shared.source is not credential:
+                # Rebound once per credential: what requests in flight read never changes.
+                shared = self._shared_args = SharedArgs(credential, header_of(credential))
+            args = shared.args
+        session = self.session
+        if session is None:
+            raise TransportClosed("Transport is not connected")
+        post_args = self._prepare_request(request, args, upload_files)
+        return session.post(self.url, ssl=self.ssl, **post_args)
+
+    def _close_upload(self) -> None:
+        """Close the files of the upload this task sent, as gql's ``execute`` does."""
+        close_files(list(self.files.values()))
 
     @property
     def files(self) -> dict[str, FileVar]:

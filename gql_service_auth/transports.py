@@ -29,7 +29,7 @@ from gql.transport.exceptions import TransportError
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._aiohttp import AuthenticatingTransport, SharedArgs, with_authorization
+from ._aiohttp import AuthenticatingTransport, transport_error, with_authorization
 from ._aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
 from ._aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
 from ._config import check_url, endpoint_or_env, given_or_env
@@ -72,7 +72,7 @@ from ._gql import (
     subscription_refused,
 )
 from ._oauth2 import ClientAuthMethod, RetryPolicy
-from ._redact import forgets_on_error
+from ._redact import clear_locals, forgets_on_error
 from ._refusal import RequestFacts, is_refusal
 from ._settings import check_renewal_settings, joined_scope, token_manager
 from ._store import TokenStore
@@ -183,7 +183,6 @@ class ApiKeyTransport(AuthenticatingTransport):
     def _secrets(self) -> list[str]:
         return [self._credentials.client_secret]
 
-    @forgets_on_error
     async def execute(
         self,
         request: GraphQLRequest,
@@ -196,24 +195,33 @@ class ApiKeyTransport(AuthenticatingTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
-        if extra_args:
-            args = with_authorization(extra_args, self._credentials.api_key_authorization())
-        else:
-            shared = self._shared_args
-            if shared is None:  # built once: the key never changes
-                authorization = self._credentials.api_key_authorization()
-                shared = self._shared_args = SharedArgs(self._credentials, authorization)
-            args = shared.args
+        # The boundary of forgets_on_error, inline (see _post): the frames below are
+        # cleared, and this one's locals show no secret once the response is dropped (an
+        # answer with errors is scrubbed in place as it arrives).
         try:
-            answer = await super().execute(request, extra_args=args, upload_files=upload_files)
-        except TransportError as exc:
-            raise api_key_error(bare_401(exc, self._secrets()), self._secrets()) from exc
-        errors = answer.errors
-        if not errors:  # the fast path, which skips even the calls below
+            posting = self._post(
+                request, extra_args, upload_files, self._credentials, _api_key_header
+            )
+            try:
+                async with posting as response:
+                    answer = await self._prepare_result(response)
+            except Exception as exc:
+                failed = transport_error(exc)
+                raise api_key_error(bare_401(failed, self._secrets()), self._secrets()) from failed
+            finally:
+                if upload_files:
+                    self._close_upload()
+            if not answer.errors:  # the fast path, which skips even the calls below
+                return answer
+            # Scrubbed in place at once: this frame's locals show in a traceback.
+            scrubbed(answer, self._secrets())
+            if is_refusal(answer.errors):
+                raise api_key_error(answer, self._secrets())
             return answer
-        if is_refusal(errors):
-            raise api_key_error(answer, self._secrets())
-        return scrubbed(answer, self._secrets())
+        except BaseException as exc:
+            clear_locals(exc)
+            response = None  # its repr shows the answer's headers, which may echo the key
+            raise
 
     @forgets_on_error
     async def execute_batch(
@@ -443,7 +451,6 @@ class OAuth2Transport(AuthenticatingTransport):
     def _secrets(self, token: AccessToken) -> list[str]:
         return [self._credentials.client_secret, token.value]
 
-    @forgets_on_error
     async def execute(
         self,
         request: GraphQLRequest,
@@ -462,36 +469,44 @@ class OAuth2Transport(AuthenticatingTransport):
                 mutation refused while it ran.
             TokenRequestError: no token could be obtained.
         """
-        taken = snapshot(request)
-        # An upload's file streams are consumed by the first send, which is never
-        # repeated: it asks for a token that will outlive it.
-        min_ttl = self._refresh_margin if upload_files else 0.0
-        token = self._tokens.fresh(min_ttl)
-        if token is None:
-            return await self._renewing(taken, extra_args, upload_files, min_ttl, None)
-        # The fast path, inlined: almost every request succeeds on its first send with a
-        # cached token, and each coroutine layer here costs a query time. No await comes
-        # before gql serialises the request, so the caller's object is what was taken.
-        if extra_args:
-            args = with_authorization(extra_args, token.authorization)
-        else:
-            shared = self._shared_args
-            if shared is None or shared.source is not token:
-                # Rebound once per token: what requests in flight read never changes.
-                shared = self._shared_args = SharedArgs(token, token.authorization)
-            args = shared.args
+        # The boundary of forgets_on_error, inline (see _post): the frames below are
+        # cleared, and this one's locals show no secret once the response is dropped (an
+        # answer with errors is scrubbed in place as it arrives; a token's repr hides it).
         try:
-            answer = await super().execute(request, extra_args=args, upload_files=upload_files)
-        except TransportError as exc:
-            refused: ExecutionResult | Bare401 = bare_401(exc, self._secrets(token))
-        else:
-            errors = answer.errors
-            if not errors or not is_refusal(errors):
-                self._tokens.confirm(token)
-                return scrubbed(answer, self._secrets(token)) if errors else answer
-            refused = answer
-        first = (token, sent(refused))
-        return await self._renewing(taken, extra_args, upload_files, min_ttl, first)
+            taken = snapshot(request)
+            # An upload's file streams are consumed by the first send, which is never
+            # repeated: it asks for a token that will outlive it.
+            min_ttl = self._refresh_margin if upload_files else 0.0
+            token = self._tokens.fresh(min_ttl)
+            if token is None:
+                return await self._renewing(taken, extra_args, upload_files, min_ttl, None)
+            # The fast path: almost every request succeeds on its first send with a cached
+            # token. No await comes before gql serialises the request, so the caller's
+            # object is what was taken.
+            posting = self._post(request, extra_args, upload_files, token, _bearer_header)
+            try:
+                async with posting as response:
+                    answer = await self._prepare_result(response)
+            except Exception as exc:
+                failed = transport_error(exc)
+                refused: ExecutionResult | Bare401 = bare_401(failed, self._secrets(token))
+            else:
+                if answer.errors:
+                    # Scrubbed in place at once: this frame's locals show in a traceback.
+                    scrubbed(answer, self._secrets(token))
+                if not answer.errors or not is_refusal(answer.errors):
+                    self._tokens.confirm(token)
+                    return answer
+                refused = answer
+            finally:
+                if upload_files:
+                    self._close_upload()
+            first = (token, sent(refused))
+            return await self._renewing(taken, extra_args, upload_files, min_ttl, first)
+        except BaseException as exc:
+            clear_locals(exc)
+            response = None  # its repr shows the answer's headers, which may echo the token
+            raise
 
     async def _renewing(
         self,
@@ -584,6 +599,14 @@ class OAuth2Transport(AuthenticatingTransport):
         async with contextlib.aclosing(stream):
             async for result in stream:
                 yield result
+
+
+def _api_key_header(credentials: ClientCredentials) -> str:
+    return credentials.api_key_authorization()
+
+
+def _bearer_header(token: AccessToken) -> str:
+    return token.authorization
 
 
 def _nothing() -> None:

@@ -1,7 +1,9 @@
 """The post arguments requests share per credential (gql_service_auth._aiohttp.SharedArgs).
 
 A unit test of a private piece: nothing public shows it. Requests in flight read it
-concurrently, so it must be read-only all the way down, never copied, and hide its header.
+concurrently, so its header must be read-only, never copied, and hidden. The dict around
+the header is a plain one that only the transport's ``_post`` reads (gql copies it into
+each request's arguments): a read-only proxy there cost 0.2 µs per request.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 from gql_service_auth._aiohttp import SharedArgs
 
 
-def test_shared_args_hide_the_header_refuse_copies_and_are_read_only() -> None:
+def test_shared_args_hide_the_header_refuse_copies_and_keep_the_header_read_only() -> None:
     source = object()
     shared = SharedArgs(source, "Bearer secret-token")
     assert shared.source is source
@@ -24,7 +26,5 @@ def test_shared_args_hide_the_header_refuse_copies_and_are_read_only() -> None:
         copy.copy(shared)
     with pytest.raises(TypeError):
         pickle.dumps(shared)
-    with pytest.raises(TypeError):
-        shared.args["headers"] = {}  # type: ignore[index]
     with pytest.raises(TypeError):
         shared.args["headers"]["Authorization"] = "x"
