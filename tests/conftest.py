@@ -18,6 +18,8 @@ from support import (
     NO_WAIT,
     PROXY_VARIABLES,
     SLOW_MACHINE,
+    STACKS,
+    Stack,
     collect_garbage,
     exception_texts,
 )
@@ -133,18 +135,26 @@ def events() -> list[AuthEvent]:
     return []
 
 
+@pytest.fixture(params=STACKS, ids=lambda stack: stack.name)
+def stack(request: pytest.FixtureRequest) -> Stack:
+    """Each HTTP stack in turn: the tests that build their transports with the factories
+    below run on every stack (see ``support.Stack``)."""
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture
 def make_oauth2(
-    emulator: Emulator, clock: ManualClock, events: list[AuthEvent]
+    emulator: Emulator, clock: ManualClock, events: list[AuthEvent], stack: Stack
 ) -> Callable[..., OAuth2Transport]:
-    """Builds an OAuth2Transport for the emulator's recent client, without backoff waits."""
+    """Builds the stack's OAuth2 transport for the emulator's recent client, without backoff
+    waits."""
 
     def make(client: ClientRecord | None = None, **kwargs: Any) -> OAuth2Transport:
         client = client or emulator.recent_client
         kwargs.setdefault("retry", NO_WAIT)
         kwargs.setdefault("clock", clock)
         kwargs.setdefault("on_event", events.append)
-        return OAuth2Transport(
+        return stack.oauth2(  # type: ignore[no-any-return]
             kwargs.pop("url", emulator.graphql_url),
             token_url=kwargs.pop("token_url", emulator.token_url),
             client_id=client.client_id,
@@ -156,12 +166,12 @@ def make_oauth2(
 
 
 @pytest.fixture
-def make_api_key(emulator: Emulator) -> Callable[..., ApiKeyTransport]:
-    """Builds an ApiKeyTransport, for the recent client unless told otherwise."""
+def make_api_key(emulator: Emulator, stack: Stack) -> Callable[..., ApiKeyTransport]:
+    """Builds the stack's API key transport, for the recent client unless told otherwise."""
 
     def make(client: ClientRecord | None = None, **kwargs: Any) -> ApiKeyTransport:
         client = client or emulator.recent_client
-        return ApiKeyTransport(
+        return stack.api_key(  # type: ignore[no-any-return]
             emulator.graphql_url,
             client_id=client.client_id,
             client_secret=client.client_secret,

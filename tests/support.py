@@ -313,8 +313,39 @@ class Fleet:
 ANSWER = {"carriers": {"totalCount": 25}}
 """What COUNT answers."""
 
-KINDS = ["api_key", "oauth2"]
-"""Our transports, for tests parametrized over both ("gql" adds gql's own)."""
+
+@dataclass(frozen=True)
+class Stack:
+    """One HTTP stack's transports: gql's own, and ours for each method.
+
+    The behaviour suite takes its transports from here, through ``KINDS``, the ``stack``
+    fixture (``make_oauth2``, ``make_api_key``) and :func:`build_transport`: a new stack is
+    one more entry in ``STACKS``, and the tests parametrized over them run on it too.
+    """
+
+    name: str
+    gql: type[Any]
+    api_key: type[Any]
+    oauth2: type[Any]
+
+    def kind(self, method: str) -> str:
+        """The ``kind`` of this stack's transport for ``method`` ("api_key", "oauth2",
+        "gql"): the method alone on the default stack, aiohttp, as test ids have it."""
+        return method if self is STACKS[0] else f"{self.name}-{method}"
+
+
+STACKS = [Stack("aiohttp", AIOHTTPTransport, ApiKeyTransport, OAuth2Transport)]
+"""Every stack the behaviour suite runs on; the first is the default."""
+
+KINDS = [stack.kind(method) for stack in STACKS for method in ("api_key", "oauth2")]
+"""Our transports on every stack, for tests parametrized over them ("gql" adds gql's own)."""
+
+
+def stack_and_method(kind: str) -> tuple[Stack, str]:
+    """The stack and the method of a ``kind`` from :attr:`Stack.kind`."""
+    name, _, method = kind.rpartition("-")
+    return next(stack for stack in STACKS if stack.name == (name or STACKS[0].name)), method
+
 
 GQL_401 = "401, message='Unauthorized'"
 """What gql's own transport says of a bare 401 (aiohttp's ClientResponseError), and what
@@ -329,17 +360,19 @@ def build_transport(
 ) -> AIOHTTPTransport:
     """A transport for the emulator's recent client, built from picklable arguments only.
 
-    ``kind``: ``"gql"`` (gql's own, with the API key header), ``"api_key"`` or ``"oauth2"``.
+    ``kind`` (see :attr:`Stack.kind`): ``"gql"`` (gql's own, with the API key header),
+    ``"api_key"`` or ``"oauth2"``, on the default stack or prefixed with another's name.
     """
     client, url = emulator.recent_client, url or emulator.graphql_url
-    if kind == "gql":
+    stack, method = stack_and_method(kind)
+    if method == "gql":
         key = f"SERVICE-API-KEY {client.client_id}:{client.client_secret}"
-        return AIOHTTPTransport(url, headers={"Authorization": key})
+        return stack.gql(url, headers={"Authorization": key})  # type: ignore[no-any-return]
     kwargs |= {"client_id": client.client_id, "client_secret": client.client_secret}
-    if kind == "api_key":
-        return ApiKeyTransport(url, **kwargs)
+    if method == "api_key":
+        return stack.api_key(url, **kwargs)  # type: ignore[no-any-return]
     kwargs = {"token_url": emulator.token_url, "retry": NO_WAIT, **kwargs}
-    return OAuth2Transport(url, **kwargs)
+    return stack.oauth2(url, **kwargs)  # type: ignore[no-any-return]
 
 
 def bare_401s(emulator: Emulator) -> None:
