@@ -51,10 +51,11 @@ class Refusals:
             no answer had accepted; ``None`` never pauses.
         weighs_provenance: Whether tokens may come from a shared store, whose refusals
             must be weighed against the token's origin (see :mod:`._provenance`).
-        real_time: Real time, for pauses and for when refusals came: a pause spares an
-            authorization server, a rate limit in real time whatever clock the token
-            lifetimes are read on, and refusals are weighed against a shared store's
-            times.
+        clock: The manager's clock, the one its token lifetimes are read on, for pauses
+            and for when refusals came (weighed against when tokens were requested): one
+            clock moves them all, so a ``ManualClock`` in tests ends a pause as it ends a
+            lifetime. By default, real time: a pause spares an authorization server's rate
+            limit.
     """
 
     def __init__(
@@ -62,18 +63,18 @@ class Refusals:
         *,
         cooldown: Callable[[int], float] | None,
         weighs_provenance: bool,
-        real_time: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cooldown = cooldown
         self._weighs_provenance = weighs_provenance
-        self._real_time = real_time
+        self._clock = clock
         #: A refusal dropped the token, and the next fetch renews for it ("rejected").
         self.renewing_after_refusal = False
         #: The newest generation an answer accepted. Read without the lock on the
         #: per-request path, where a stale read costs one extra confirm() call.
         self.confirmed = 0
         #: Tokens refused in a row before any answer accepted them, and until when
-        #: (``real_time``) renewals pause for them.
+        #: (``clock``) renewals pause for them.
         self.unconfirmed_refusals = 0
         self.paused_until = 0.0
         #: A token was dropped for a refusal while an operation ran: the next token to
@@ -89,7 +90,7 @@ class Refusals:
         #: paused ends as that one did.
         self.answer: object = None
         #: The latest token refused (late refusals of replaced tokens too), and, for the
-        #: tokens of the last few generations, when (real time) each was requested and,
+        #: tokens of the last few generations, when (``clock``) each was requested and,
         #: for one read from a shared store, its origin: a request refused is not sent
         #: again with a stored token that the same revocation may have covered.
         self.latest: Refusal | None = None
@@ -119,7 +120,7 @@ class Refusals:
             self.unconfirmed_refusals += 1
             if self._cooldown is not None:
                 pause = self._cooldown(self.unconfirmed_refusals)
-                self.paused_until = self._real_time() + pause
+                self.paused_until = self._clock() + pause
         return True
 
     def refused_while_running(
@@ -145,7 +146,7 @@ class Refusals:
 
     def pause_remaining(self) -> float:
         """Seconds until renewals resume after refused fresh tokens; 0 when not paused."""
-        return max(self.paused_until - self._real_time(), 0.0)
+        return max(self.paused_until - self._clock(), 0.0)
 
     def landed(
         self, token: AccessToken, *, requested: float, origin: Origin | None, in_hand: bool
@@ -189,7 +190,7 @@ class Refusals:
         fingerprint = refusal_fingerprint(token.value)
         if self.latest is None or self.latest.fingerprint != fingerprint:
             requested = self._requested.get(token.generation)
-            self.latest = Refusal(self._real_time(), fingerprint, requested)
+            self.latest = Refusal(self._clock(), fingerprint, requested)
 
 
 def _default_backoff(failures: int) -> float:

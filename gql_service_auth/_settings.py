@@ -91,6 +91,7 @@ def token_manager(
             refresh_margin=float(refresh_margin),
             default_expires_in=float(default_expires_in),
             emit=emit,
+            clock=clock or time.monotonic,
         )
     return TokenManager(
         grant,

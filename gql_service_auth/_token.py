@@ -6,17 +6,40 @@ reader applies the same rule to decide whether a stored token is due for renewal
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ._constants import BEARER_SCHEME, EXPIRY_GUARD
 
 
 class Clock(Protocol):
-    """A monotonic clock in seconds, like :func:`time.monotonic`; injectable for tests."""
+    """A monotonic clock in seconds, like :func:`time.monotonic`; injectable for tests.
+
+    One clock rules a transport's time: token lifetimes, renewal backoff, and the pauses of
+    renewals while fresh tokens are refused. A clock that also has an ``advance(seconds)``
+    method, as the emulator's ``ManualClock``, moves only when told: a re-send's wait for a
+    pause then advances it rather than sleeping, so a test runs through pauses at once.
+    """
 
     def __call__(self) -> float: ...
+
+
+_Slept = TypeVar("_Slept")
+
+
+def waits_on(clock: Clock, sleep: Callable[[float], _Slept]) -> Callable[[float], _Slept]:
+    """``sleep`` (an adapter's: ``asyncio.sleep``, ``trio.sleep``, ``time.sleep``), or for
+    a clock that moves only when told, a wait that advances it, then sleeps 0 to yield."""
+    advance = getattr(clock, "advance", None)
+    if not callable(advance):
+        return sleep
+
+    def wait(seconds: float) -> _Slept:
+        advance(seconds)
+        return sleep(0)
+
+    return wait
 
 
 @dataclass(frozen=True, slots=True, repr=False)

@@ -29,7 +29,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from . import _fork
 from ._constants import FETCH_GRACE, RENEWAL_RETRY_MIN
@@ -47,7 +47,9 @@ from ._ledger import Refusals, RenewalFailures, RenewalPaused, RenewalSpent
 from ._loop_thread import close_own_loop
 from ._provenance import Origin
 from ._redact import clear_locals
-from ._token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token
+from ._token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token, waits_on
+
+_Slept = TypeVar("_Slept")
 
 if TYPE_CHECKING:
     from ._store import SharedLevel
@@ -126,7 +128,7 @@ class TokenManager:
         self._generation = 0
         #: What refusals say: drops, pauses, the renewal after a running refusal.
         self._refusals = Refusals(
-            cooldown=self._cooldown, weighs_provenance=self._shared is not None
+            cooldown=self._cooldown, weighs_provenance=self._shared is not None, clock=self._clock
         )
         #: Background renewals that failed in a row, and when (manager's clock) the next
         #: may start; read without the lock on the per-request path, past renew_at only.
@@ -203,6 +205,10 @@ class TokenManager:
             if now >= self._renewals.next_at and self._take_off(token, background=True) is None:
                 # No thread to be had: not tried again by every request meanwhile.
                 self._renewals.next_at = now + RENEWAL_RETRY_MIN
+
+    def waits(self, sleep: Callable[[float], _Slept]) -> Callable[[float], _Slept]:
+        """``sleep`` as waits on this manager's clock take it (see :func:`waits_on`)."""
+        return waits_on(self._clock, sleep)
 
     def pause_remaining(self) -> float:
         """Seconds until renewals resume after refused fresh tokens; 0 when not paused."""

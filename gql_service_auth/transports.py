@@ -566,7 +566,8 @@ class OAuth2Transport(AuthenticatingTransport):
             emit=self._emit,
             first=first,
         )
-        outcome = await drive_async(flow, get_token=self._get, send=send, sleep=asyncio.sleep)
+        sleep = self._tokens.waits(asyncio.sleep)
+        outcome = await drive_async(flow, get_token=self._get, send=send, sleep=sleep)
         return settled(outcome, self._tokens.refusal_answer, self._secrets)
 
     def _get(self, need: NeedToken) -> Awaitable[AccessToken]:

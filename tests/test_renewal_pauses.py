@@ -23,7 +23,7 @@ from gql_service_auth import (
     RetryPolicy,
     UnauthenticatedError,
 )
-from gql_service_auth.emulator import Emulator
+from gql_service_auth.emulator import Emulator, ManualClock
 
 
 @pytest.mark.parametrize("retry", [None, RetryPolicy()], ids=["zero-wait", "default-policy"])
@@ -76,22 +76,31 @@ async def test_a_new_call_during_the_cool_down_fails_without_a_token_request(
 
 
 async def test_renewal_pauses_grow_while_fresh_tokens_are_refused_and_end_on_acceptance(
-    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], events: list[AuthEvent]
+    emulator: Emulator,
+    make_oauth2: Callable[..., OAuth2Transport],
+    events: list[AuthEvent],
+    clock: ManualClock,
 ) -> None:
-    """Re-sends wait pauses that double per refused fresh token; an accepted answer ends them."""
+    """Re-sends wait pauses that double per refused fresh token; an accepted answer ends them.
+
+    On the transport's one clock: the test's ManualClock moves through the re-sends' waits,
+    and ends the pause when advanced.
+    """
     emulator.refuse_all_tokens = True
     policy = RetryPolicy(wait_initial=0.05, wait_max=1, wait_jitter=0)
     async with Client(transport=make_oauth2(retry=policy, max_renewals=3)) as session:
+        before = clock()
         with pytest.raises(UnauthenticatedError):
             await session.execute(COUNT)
         waits = [e.wait for e in events if e.name == "request_retry_scheduled"]
         assert waits == [0, pytest.approx(0.05, abs=0.02), pytest.approx(0.1, abs=0.02)]
+        assert clock() - before == pytest.approx(sum(waits))  # waited on the clock
         assert emulator.counters.token_requests == 4
         emulator.refuse_all_tokens = False
         with pytest.raises(UnauthenticatedError, match="paused"):
             await session.execute(COUNT)  # 4 fresh refusals: paused for 0.2 s
         assert emulator.counters.token_requests == 4
-        await asyncio.sleep(0.25)  # the pause is a rate limit in real time
+        clock.advance(0.25)  # pauses are on the transport's clock, as lifetimes are
         await session.execute(COUNT)
         emulator.revoke_tokens()  # an accepted token refused later: renewed at once
         events.clear()
