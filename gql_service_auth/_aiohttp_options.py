@@ -59,3 +59,10 @@ class ApiKeyOptions(AIOHTTPTransportOptions, total=False):
     """The optional keywords of :class:`ApiKeyTransport`, for :meth:`ApiKeyTransport.from_env`."""
 
     allow_insecure_http: bool
+
+
+# Shown as gql_service_auth.transports's, where users import them from; get_type_hints()
+# resolves their annotations in that module's names (it imports the ones aiohttp's use).
+for _options in (AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options):
+    _options.__module__ = "gql_service_auth.transports"
+del _options

@@ -11,13 +11,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ._config import check_seconds
-from ._constants import FETCH_GRACE
+from ._constants import ENV_TOKEN_STORE_URL, FETCH_GRACE
 from ._credentials import ClientCredentials
 from ._errors import ConfigurationError
 from ._events import Emitter
 from ._oauth2 import ClientAuthMethod, ClientCredentialsGrant, FormPoster, RetryPolicy
-from ._store import SharedLevel, TokenIdentity, TokenStore
+from ._store import TokenIdentity, TokenStore
 from ._token import Clock
+from ._token_source import ENDPOINT, SharedLevel
 from ._tokens import TokenManager
 
 if TYPE_CHECKING:
@@ -34,6 +35,23 @@ def check_renewal_settings(
     check_seconds("default_expires_in", default_expires_in, positive=True)
     if isinstance(max_renewals, bool) or not isinstance(max_renewals, int) or max_renewals < 0:
         raise ConfigurationError("max_renewals must be an int of at least 0")
+
+
+def store_from_env(environ: Mapping[str, str]) -> TokenStore | None:
+    """The store ``SERVICE_TOKEN_STORE_URL`` names, one per URL per process, or ``None``.
+
+    One per URL: a transport per job must not open a store per job.
+
+    Raises:
+        ImportError: the variable is set, and the ``[redis]`` extra is not installed.
+    """
+    url = environ.get(ENV_TOKEN_STORE_URL, "").strip()
+    if not url:
+        return None
+    # Imported only here: the extra's module is the one place that needs redis.
+    from .redis import shared_store
+
+    return shared_store(url)
 
 
 def joined_scope(scope: str | Sequence[str] | None) -> str | None:
@@ -70,7 +88,7 @@ def token_manager(
         post=post,
         emit=emit,
     )
-    shared = None
+    source = ENDPOINT
     if token_store is not None:
         for method in _STORE_METHODS:
             if not callable(getattr(token_store, method, None)):
@@ -78,7 +96,7 @@ def token_manager(
                     f"token_store must be a TokenStore; {type(token_store).__name__} "
                     f"has no {method}()"
                 )
-        shared = SharedLevel(
+        source = SharedLevel(
             token_store,
             TokenIdentity.of(
                 token_url=str(token_url),
@@ -102,5 +120,5 @@ def token_manager(
         max_attempts=policy.attempts,
         clock=clock or time.monotonic,
         emit=emit,
-        shared=shared,
+        source=source,
     )

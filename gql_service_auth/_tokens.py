@@ -29,7 +29,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from . import _fork
 from ._constants import FETCH_GRACE, RENEWAL_RETRY_MIN
@@ -48,17 +48,14 @@ from ._loop_thread import close_own_loop
 from ._provenance import Origin
 from ._redact import clear_locals
 from ._token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token, waits_on
+from ._token_source import ENDPOINT, TokenSource
 
 _Slept = TypeVar("_Slept")
-
-if TYPE_CHECKING:
-    from ._store import SharedLevel
-
 
 _Steps = Generator[Flight, AccessToken, AccessToken]
 
 # fmt: off
-_SETTINGS = ("_fetch", "_shared", "_refresh_margin", "_default_expires_in", "_fetch_timeout",
+_SETTINGS = ("_fetch", "_source", "_refresh_margin", "_default_expires_in", "_fetch_timeout",
              "_cooldown", "_max_attempts", "_renewal_backoff", "_clock", "_emit")
 # fmt: on
 """What a copy of a manager keeps (all that ``__init__`` was given): no token, no state."""
@@ -90,8 +87,8 @@ class TokenManager:
         clock: Monotonic clock in seconds, for token lifetimes.
         emit: Receives the life-cycle events; called on the fetch's thread for fetch
             events.
-        shared: A token store shared with other processes, consulted before ``fetch``
-            (see ``_store.py``); ``None`` fetches directly.
+        source: Where tokens come from, given ``fetch``: the token endpoint (the default),
+            or a store shared with other processes in front of it (see ``_token_source.py``).
     """
 
     def __init__(
@@ -106,10 +103,10 @@ class TokenManager:
         renewal_backoff: Callable[[int], float] | None = None,
         clock: Clock = time.monotonic,
         emit: Callable[[AuthEvent], None] | None = None,
-        shared: SharedLevel | None = None,
+        source: TokenSource = ENDPOINT,
     ) -> None:
         self._fetch = fetch
-        self._shared = shared
+        self._source = source
         self._renewal_backoff = renewal_backoff
         self._refresh_margin = refresh_margin
         self._default_expires_in = default_expires_in
@@ -128,7 +125,7 @@ class TokenManager:
         self._generation = 0
         #: What refusals say: drops, pauses, the renewal after a running refusal.
         self._refusals = Refusals(
-            cooldown=self._cooldown, weighs_provenance=self._shared is not None, clock=self._clock
+            cooldown=self._cooldown, weighs_provenance=self._source.shared, clock=self._clock
         )
         #: Background renewals that failed in a row, and when (manager's clock) the next
         #: may start; read without the lock on the per-request path, past renew_at only.
@@ -493,23 +490,20 @@ class TokenManager:
         limit = self._fetch_timeout
         try:
             started = self._clock()
-            if self._shared is None:
-                response = await asyncio.wait_for(self._fetch(), limit)
-            else:
-                refused = self._refusals.refused_token
-                # A renewal ahead of expiry: a stored token due for renewal will not do.
-                renewing = self._token if flight.reason == "expiring" else None
-                response, origin = await asyncio.wait_for(
-                    self._shared.obtain(
-                        self._fetch,
-                        refused=refused.value if refused is not None else None,
-                        refusal=self._refusals.latest,
-                        replacing=self._refusals.latest if flight.reason == "rejected" else None,
-                        renewing=renewing.value if renewing is not None else None,
-                    ),
-                    limit,
-                )
-                del refused, renewing
+            refused = self._refusals.refused_token
+            # A renewal ahead of expiry: a stored token due for renewal will not do.
+            renewing = self._token if flight.reason == "expiring" else None
+            response, origin = await asyncio.wait_for(
+                self._source.obtain(
+                    self._fetch,
+                    refused=refused.value if refused is not None else None,
+                    refusal=self._refusals.latest,
+                    replacing=self._refusals.latest if flight.reason == "rejected" else None,
+                    renewing=renewing.value if renewing is not None else None,
+                ),
+                limit,
+            )
+            del refused, renewing
         except BaseException as exc:
             # The fetch's frames are done: their locals (the grant's form, aiohttp's
             # headers) go, since crash reporters read the locals of tracebacks.
@@ -545,7 +539,7 @@ class TokenManager:
                 )
             )
         finally:
-            requested = origin.requested_at if origin is not None else began
+            requested = origin.requested_at if origin is not None else started
             self._land(flight, response, None, started=started, requested=requested, origin=origin)
 
     def _renewal_failed(self, flight: Flight) -> tuple[float, float, int] | None:

@@ -41,19 +41,13 @@ from ._constants import (
     ENV_BASE_URL,
     ENV_CLIENT_ID,
     ENV_CLIENT_SECRET,
-    ENV_TOKEN_STORE_URL,
     GRAPHQL_PATH,
     TOKEN_PATH,
 )
 from ._credentials import ClientCredentials
 from ._errors import UnauthenticatedError
 from ._events import Emitter, EventHook
-from ._flow import (
-    NeedToken,
-    Sent,
-    drive_async,
-    renewal_flow,
-)
+from ._flow import NeedToken, Sent, drive_async, renewal_flow
 from ._gql import (
     Bare401,
     Snapshot,
@@ -74,7 +68,7 @@ from ._gql import (
 from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import clear_locals, forgets_on_error
 from ._refusal import RequestFacts, is_refusal
-from ._settings import check_renewal_settings, joined_scope, token_manager
+from ._settings import check_renewal_settings, joined_scope, store_from_env, token_manager
 from ._store import TokenStore
 from ._token import AccessToken, Clock
 
@@ -83,12 +77,6 @@ if TYPE_CHECKING:
         from typing import Self, Unpack
     else:
         from typing_extensions import Self, Unpack
-
-# Defined with the aiohttp plumbing, shown as this module's: users import them from here,
-# and get_type_hints() resolves their annotations in this module's names.
-for _options in (AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options):
-    _options.__module__ = __name__
-del _options
 
 __all__ = [
     "AIOHTTPTransportOptions",
@@ -200,7 +188,7 @@ class ApiKeyTransport(AuthenticatingTransport):
         # answer with errors is scrubbed in place as it arrives).
         try:
             posting = self._post(
-                request, extra_args, upload_files, self._credentials, _api_key_header
+                request, extra_args, upload_files, self._credentials, _API_KEY_HEADER
             )
             try:
                 async with posting as response:
@@ -300,7 +288,8 @@ class OAuth2Transport(AuthenticatingTransport):
             ``RetryPolicy()``.
         on_event: Called with each :class:`~gql_service_auth.AuthEvent` (token fetched,
             retry scheduled...), e.g. to count renewals.
-        clock: Monotonic clock in seconds for token lifetimes; ``time.monotonic`` when ``None``.
+        clock: Monotonic clock in seconds, for token lifetimes, renewal backoff and pauses;
+            ``time.monotonic`` when ``None``.
         allow_insecure_http: Allow plain ``http://`` URLs to hosts that are not loopback,
             and a plain ``http://`` ``token_url`` through an ``http://`` proxy that is not.
         token_session_args: aiohttp ``ClientSession`` keywords for the token request's
@@ -428,13 +417,8 @@ class OAuth2Transport(AuthenticatingTransport):
             ImportError: ``SERVICE_TOKEN_STORE_URL`` is set, and the ``[redis]`` extra is
                 not installed.
         """
-        store_url = environ.get(ENV_TOKEN_STORE_URL, "").strip()
-        if "token_store" not in kwargs and store_url:
-            # Imported only here: the extra's module is the one place that needs redis.
-            from .redis import shared_store
-
-            # One per URL per process: a transport per job must not open a store per job.
-            kwargs["token_store"] = shared_store(store_url)
+        if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
+            kwargs["token_store"] = store
         return cls(
             endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
             token_url=endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
@@ -602,8 +586,7 @@ class OAuth2Transport(AuthenticatingTransport):
                 yield result
 
 
-def _api_key_header(credentials: ClientCredentials) -> str:
-    return credentials.api_key_authorization()
+_API_KEY_HEADER = ClientCredentials.api_key_authorization
 
 
 def _bearer_header(token: AccessToken) -> str:
