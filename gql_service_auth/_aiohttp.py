@@ -209,7 +209,13 @@ class AuthenticatingTransport(AIOHTTPTransport):
         if session is None:
             raise TransportClosed("Transport is not connected")
         post_args = self._prepare_request(request, args, upload_files)
-        return session.post(self.url, ssl=self.ssl, **post_args)
+        try:
+            # Inside gql's try there: aiohttp checks the arguments (extra_args') here.
+            return session.post(self.url, ssl=self.ssl, **post_args)
+        except Exception as exc:
+            if upload_files:
+                self._close_upload()
+            raise transport_error(exc) from exc
 
     def _close_upload(self) -> None:
         """Close the files of the upload this task sent, as gql's ``execute`` does."""

@@ -6,11 +6,13 @@ with aiohttp (the transports and the token request's session).
 
 from __future__ import annotations
 
-from aiohttp import ClientResponseError, RequestInfo
+from typing import cast
+
+from aiohttp import ClientResponse, ClientResponseError, RequestInfo
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from ._redact import REDACTED, SENSITIVE_HEADERS, register
+from ._redact import REDACTED, SENSITIVE_HEADERS, redact_text, register
 
 
 def _redacted_info(info: RequestInfo) -> RequestInfo:
@@ -55,15 +57,34 @@ class _AiohttpRecords:
     def passwords(self, link: BaseException) -> list[str]:
         return _passwords(link)
 
-    def scrub(self, link: BaseException) -> None:
+    def scrub(self, link: BaseException, needles: list[str]) -> None:
         if isinstance(link, ClientResponseError):
             link.request_info = _redacted_info(link.request_info)
             link.args = tuple(
                 _redacted_info(a) if isinstance(a, RequestInfo) else a for a in link.args
             )
             for response in link.history:
-                # The record a redirect's response keeps of the request behind it.
+                # The record a redirect's response keeps of the request behind it, and
+                # its own headers, which its repr shows and a server may echo into.
                 response._request_info = _redacted_info(response.request_info)
+                _scrub_headers(response, needles)
+
+
+def _scrub_headers(response: ClientResponse, needles: list[str]) -> None:
+    if not needles or response._headers is None:
+        return
+    headers = redact_text(response._headers, needles)
+    if headers is not response._headers:
+        response._headers = cast("CIMultiDictProxy[str]", headers)
+        response._raw_headers = tuple(
+            (name, cast("bytes", redact_text(value, needles)))
+            for name, value in response._raw_headers
+        )
+        # aiohttp caches what its properties read (propcache): the copies go too.
+        cache = getattr(response, "_cache", None)
+        if isinstance(cache, dict):
+            cache.pop("headers", None)
+            cache.pop("raw_headers", None)
 
 
 # aiosignal: aiohttp's trace signals, whose frames hold a request's headers.

@@ -57,8 +57,9 @@ class RecordScrubber(Protocol):
         """The passwords in ``link``'s record of a request, to scrub wherever they show."""
         ...
 
-    def scrub(self, link: BaseException) -> None:
-        """Blank the credential headers and passwords of ``link``'s record, in place."""
+    def scrub(self, link: BaseException, needles: list[str]) -> None:
+        """Blank the credential headers and passwords of ``link``'s record, and each of
+        ``needles`` (secrets) in what it keeps of the answers, in place."""
         ...
 
 
@@ -92,7 +93,7 @@ def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
     for link in _chain(exc):
         try:
             for scrubber in _SCRUBBERS:
-                scrubber.scrub(link)
+                scrubber.scrub(link, needles)
             if isinstance(link, UnicodeEncodeError) and _raised_and_handled_in_libraries(link):
                 _mask_unencodable(link)
             if needles:

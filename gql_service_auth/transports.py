@@ -184,7 +184,7 @@ class ApiKeyTransport(AuthenticatingTransport):
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
         # The boundary of forgets_on_error, inline (see _post): the frames below are
-        # cleared, and this one's locals show no secret once the response is dropped (an
+        # cleared, and this one's locals show no secret once the few below are dropped (an
         # answer with errors is scrubbed in place as it arrives).
         try:
             posting = self._post(
@@ -193,22 +193,22 @@ class ApiKeyTransport(AuthenticatingTransport):
             try:
                 async with posting as response:
                     answer = await self._prepare_result(response)
+                    if answer.errors:  # scrubbed in place before any other wait
+                        scrubbed(answer, self._secrets())
             except Exception as exc:
                 failed = transport_error(exc)
                 raise api_key_error(bare_401(failed, self._secrets()), self._secrets()) from failed
             finally:
                 if upload_files:
                     self._close_upload()
-            if not answer.errors:  # the fast path, which skips even the calls below
-                return answer
-            # Scrubbed in place at once: this frame's locals show in a traceback.
-            scrubbed(answer, self._secrets())
-            if is_refusal(answer.errors):
+            if answer.errors and is_refusal(answer.errors):
                 raise api_key_error(answer, self._secrets())
             return answer
         except BaseException as exc:
             clear_locals(exc)
-            response = None  # its repr shows the answer's headers, which may echo the key
+            # Shown by repr: the answer's headers (which may echo the key), a per-request
+            # proxy's password or cookie. What else this frame holds shows no secret.
+            response = answer = extra_args = None  # type: ignore[assignment]
             raise
 
     @forgets_on_error
@@ -454,7 +454,7 @@ class OAuth2Transport(AuthenticatingTransport):
             TokenRequestError: no token could be obtained.
         """
         # The boundary of forgets_on_error, inline (see _post): the frames below are
-        # cleared, and this one's locals show no secret once the response is dropped (an
+        # cleared, and this one's locals show no secret once the few below are dropped (an
         # answer with errors is scrubbed in place as it arrives; a token's repr hides it).
         try:
             taken = snapshot(request)
@@ -471,13 +471,12 @@ class OAuth2Transport(AuthenticatingTransport):
             try:
                 async with posting as response:
                     answer = await self._prepare_result(response)
+                    if answer.errors:  # scrubbed in place before any other wait
+                        scrubbed(answer, self._secrets(token))
             except Exception as exc:
                 failed = transport_error(exc)
                 refused: ExecutionResult | Bare401 = bare_401(failed, self._secrets(token))
             else:
-                if answer.errors:
-                    # Scrubbed in place at once: this frame's locals show in a traceback.
-                    scrubbed(answer, self._secrets(token))
                 if not answer.errors or not is_refusal(answer.errors):
                     self._tokens.confirm(token)
                     return answer
@@ -489,7 +488,9 @@ class OAuth2Transport(AuthenticatingTransport):
             return await self._renewing(taken, extra_args, upload_files, min_ttl, first)
         except BaseException as exc:
             clear_locals(exc)
-            response = None  # its repr shows the answer's headers, which may echo the token
+            # Shown by repr: the answer's headers (which may echo the token), a per-request
+            # proxy's password or cookie. What else this frame holds shows no secret.
+            response = answer = extra_args = None  # type: ignore[assignment]
             raise
 
     async def _renewing(

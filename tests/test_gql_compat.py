@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from gql import Client, GraphQLRequest, gql
+from gql import Client, FileVar, GraphQLRequest, gql
 from gql.transport.exceptions import (
+    TransportConnectionFailed,
     TransportQueryError,
     TransportServerError,
 )
@@ -27,6 +29,7 @@ from support import (
     COUNT,
     GQL_401,
     KINDS,
+    UPLOAD,
     build_transport,
     connected,
     finish,
@@ -335,3 +338,43 @@ async def test_a_failure_handled_inside_a_batch_error_leaves_the_batching_sessio
 
     # Bounded as a whole: a dead batching task also hangs the session's close.
     assert await asyncio.wait_for(scenario(), 20) == ANSWER
+
+
+async def _first_query_for_a_token(session: Any, kind: str) -> None:
+    """An OAuth2 transport's first call fetches a token; the next takes the fast path."""
+    if kind.endswith("oauth2"):
+        await session.execute(COUNT)
+
+
+@pytest.mark.parametrize("kind", ["gql", *KINDS])
+@pytest.mark.parametrize("extra", [{"bogus": 1}, {"ssl": False}], ids=["unknown", "ssl-twice"])
+async def test_extra_args_aiohttp_refuses_raise_what_gql_raises(
+    emulator: Emulator, kind: str, extra: dict[str, Any]
+) -> None:
+    """aiohttp refuses a keyword as the post is made: TransportConnectionFailed, as gql."""
+    async with Client(transport=build_transport(kind, emulator)) as session:
+        await _first_query_for_a_token(session, kind)
+        with pytest.raises(TransportConnectionFailed):
+            await session.execute(COUNT, extra_args=dict(extra))
+
+
+@pytest.mark.parametrize("kind", ["gql", *KINDS])
+async def test_an_upload_whose_post_is_refused_closes_its_file(
+    emulator: Emulator, kind: str, tmp_path: Path
+) -> None:
+    """gql closes the files it opened whatever the post raised; so do ours."""
+    path = tmp_path / "note.txt"
+    path.write_bytes(b"hello")
+    file = FileVar(str(path), content_type="text/plain")
+    async with Client(transport=build_transport(kind, emulator)) as session:
+        await _first_query_for_a_token(session, kind)
+        with pytest.raises(TransportConnectionFailed):
+            await session.execute(
+                GraphQLRequest(UPLOAD, variable_values={"file": file}),
+                upload_files=True,
+                extra_args={"bogus": 1},
+            )
+    opened = file._file_opened
+    if opened:
+        file.f.close()  # the leak must not fail later tests with a ResourceWarning
+    assert not opened, "the upload's file was left open"

@@ -958,3 +958,82 @@ async def test_no_secret_in_the_error_when_redis_and_the_token_endpoint_fail(
     assert not any(s in logs for s in secrets)
     assert not any(s in texts for s in secrets)
     assert where == []
+
+
+class _SlowExitResponse(aiohttp.ClientResponse):
+    """A response class whose exit waits (a metrics hook, say): a timeout may land there,
+    after the answer was read."""
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.sleep(0.5)
+        await super().__aexit__(*exc)
+
+
+def _sent(emulator: Emulator) -> list[str]:
+    """Each credential sent so far, for the scans: whole headers and what follows the scheme."""
+    return _credentials(r.headers.get("Authorization", "") for r in emulator.requests)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("code", ["FORBIDDEN", "UNAUTHENTICATED"])
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_timeout_after_an_answer_quoting_the_credential_shows_it_nowhere(
+    emulator: Emulator, kind: str, code: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """execute_timeout fires after an answer quoting the credential was read: no frame of
+    the TimeoutError's chain shows the credential."""
+    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")  # gql logs bodies
+    slow = {"response_class": _SlowExitResponse}
+    transport = build_transport(kind, emulator, client_session_args=slow)
+    async with Client(transport=transport, execute_timeout=5) as session:
+        await session.execute(COUNT)  # the credential, sent once (a token for OAuth2)
+        quoted = {"message": "quoted: " + _sent(emulator)[-2], "extensions": {"code": code}}
+        emulator.fail_graphql_requests(1, 200, body={"data": None, "errors": [quoted]})
+        session.client.execute_timeout = 0.25
+        with pytest.raises(TimeoutError) as info:
+            await session.execute(COUNT)
+    assert shown(info.value, [emulator.recent_client.client_secret, *_sent(emulator)]) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_redirect_echoing_the_credential_in_its_headers_is_scrubbed(
+    emulator: Emulator, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 307 to the same endpoint whose headers quote the credential, then a 500: the
+    error's record of the redirect's response shows no credential."""
+    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")
+    async with Client(transport=build_transport(kind, emulator)) as session:
+        await session.execute(COUNT)
+        echo = {"X-Echo": _sent(emulator)[-2]}
+        emulator.fail_graphql_requests(
+            1, 307, body=b"", headers={"Location": emulator.graphql_url, **echo}
+        )
+        emulator.fail_graphql_requests(1, 500, body=b"oops", headers=echo)
+        with pytest.raises(TransportServerError) as info:
+            await session.execute(COUNT)
+    assert shown(info.value, [emulator.recent_client.client_secret, *_sent(emulator)]) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", ["proxy-password", "cookie"])
+@pytest.mark.usefixtures("no_resource_left_open")
+async def test_a_secret_the_caller_passes_per_request_stays_out_of_our_frames(
+    emulator: Emulator, kind: str, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A proxy password or a cookie given in extra_args, and a request that fails: no frame
+    of ours shows them (gql's own Client frames hold the caller's arguments)."""
+    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")
+    password = "per-request-proxy-password"
+    async with Client(transport=build_transport(kind, emulator)) as session:
+        await session.execute(COUNT)
+        with closed_port() as port:
+            if how == "proxy-password":
+                extra: dict[str, Any] = {"proxy": f"http://tester:{password}@127.0.0.1:{port}"}
+            else:
+                extra = {"headers": {"Cookie": f"sid={password}"}}
+                emulator.fail_graphql_requests(1, 500, body=b"oops")
+            with pytest.raises(TransportError) as info:
+                await session.execute(COUNT, extra_args=extra)
+    where = shown(info.value, [password, *_sent(emulator)])
+    assert [w for w in where if "gql/client.py" not in w] == []

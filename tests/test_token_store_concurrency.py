@@ -181,3 +181,5 @@ async def test_one_second_tokens_under_load(
             e for e in events if e.name == "token_fetched" and e.reason == "rejected"
         ]
         assert live_emulator.counters.token_requests - len(after_refusals) <= 7 + slow
+        # And each such renewal answers a refusal the API made: none comes from nowhere.
+        assert len(after_refusals) <= live_emulator.counters.unauthenticated_responses
