@@ -51,11 +51,14 @@ class Refusals:
             no answer had accepted; ``None`` never pauses.
         weighs_provenance: Whether tokens may come from a shared store, whose refusals
             must be weighed against the token's origin (see :mod:`._provenance`).
-        clock: The manager's clock, the one its token lifetimes are read on, for pauses
-            and for when refusals came (weighed against when tokens were requested): one
-            clock moves them all, so a ``ManualClock`` in tests ends a pause as it ends a
-            lifetime. By default, real time: a pause spares an authorization server's rate
-            limit.
+        clock: The manager's clock, the one its token lifetimes are read on, for pauses:
+            one clock moves them all, so a ``ManualClock`` in tests ends a pause as it ends
+            a lifetime. By default, real time: a pause spares an authorization server's
+            rate limit.
+        real_time: Real time, for when refusals came and when tokens were requested:
+            weighed against the tokens other processes stored, whose times (a shared
+            store's, Redis's ``PTTL``) are real time on every host, whatever clock this
+            process's transports were given.
     """
 
     def __init__(
@@ -64,10 +67,12 @@ class Refusals:
         cooldown: Callable[[int], float] | None,
         weighs_provenance: bool,
         clock: Callable[[], float] = time.monotonic,
+        real_time: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cooldown = cooldown
         self._weighs_provenance = weighs_provenance
         self._clock = clock
+        self._real_time = real_time
         #: A refusal dropped the token, and the next fetch renews for it ("rejected").
         self.renewing_after_refusal = False
         #: The newest generation an answer accepted. Read without the lock on the
@@ -90,7 +95,7 @@ class Refusals:
         #: paused ends as that one did.
         self.answer: object = None
         #: The latest token refused (late refusals of replaced tokens too), and, for the
-        #: tokens of the last few generations, when (``clock``) each was requested and,
+        #: tokens of the last few generations, when (real time) each was requested and,
         #: for one read from a shared store, its origin: a request refused is not sent
         #: again with a stored token that the same revocation may have covered.
         self.latest: Refusal | None = None
@@ -190,7 +195,7 @@ class Refusals:
         fingerprint = refusal_fingerprint(token.value)
         if self.latest is None or self.latest.fingerprint != fingerprint:
             requested = self._requested.get(token.generation)
-            self.latest = Refusal(self._clock(), fingerprint, requested)
+            self.latest = Refusal(self._real_time(), fingerprint, requested)
 
 
 def _default_backoff(failures: int) -> float:

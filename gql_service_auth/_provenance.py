@@ -23,9 +23,9 @@ class Refusal:
     """A token the API refused, which a token read from a shared store is weighed against.
 
     Attributes:
-        at: When it was first refused, on the token manager's clock.
+        at: When it was first refused (``time.monotonic()``).
         fingerprint: The refused token's :func:`refusal_fingerprint`.
-        requested_at: When the refused token was requested (the same clock), if known.
+        requested_at: When the refused token was requested (``time.monotonic()``), if known.
     """
 
     at: float
@@ -38,9 +38,8 @@ class Origin:
     """Where a token read from a shared store comes from.
 
     Attributes:
-        requested_at: When it was requested, on the token manager's clock: the reader's
-            time less the token's age, from its lifetime and time left on the store's
-            clock.
+        requested_at: When it was requested (``time.monotonic()``), from its lifetime and
+            time left on the store's clock.
         replaces: The fingerprint of the refused token it was fetched to replace, or ``None``.
         replaced_before: Seconds between the request of that token and its own, if known.
         uncertainty: Seconds by which it may have been requested earlier than

@@ -109,7 +109,6 @@ def token_manager(
             refresh_margin=float(refresh_margin),
             default_expires_in=float(default_expires_in),
             emit=emit,
-            clock=clock or time.monotonic,
         )
     return TokenManager(
         grant,

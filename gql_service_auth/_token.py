@@ -6,6 +6,7 @@ reader applies the same rule to decide whether a stored token is due for renewal
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -17,9 +18,10 @@ class Clock(Protocol):
     """A monotonic clock in seconds, like :func:`time.monotonic`; injectable for tests.
 
     One clock rules a transport's time: token lifetimes, renewal backoff, and the pauses of
-    renewals while fresh tokens are refused. A clock that also has an ``advance(seconds)``
-    method, as the emulator's ``ManualClock``, moves only when told: a re-send's wait for a
-    pause then advances it rather than sleeping, so a test runs through pauses at once.
+    renewals while fresh tokens are refused. (When refusals came is real time: it is weighed
+    against the times of tokens that other processes stored.) A clock whose class defines a
+    ``wait(seconds)`` method, as the emulator's ``ManualClock`` does, takes over a re-send's
+    wait for a pause: the ``ManualClock`` advances, so a test runs through pauses at once.
     """
 
     def __call__(self) -> float: ...
@@ -30,13 +32,19 @@ _Slept = TypeVar("_Slept")
 
 def waits_on(clock: Clock, sleep: Callable[[float], _Slept]) -> Callable[[float], _Slept]:
     """``sleep`` (an adapter's: ``asyncio.sleep``, ``trio.sleep``, ``time.sleep``), or for
-    a clock that moves only when told, a wait that advances it, then sleeps 0 to yield."""
-    advance = getattr(clock, "advance", None)
-    if not callable(advance):
+    a clock that takes over waits (see :class:`Clock`), its ``wait``, then a sleep of 0 to
+    yield as a wait does.
+
+    Looked up on the clock's class, and taken only when it is a plain (not async)
+    function: a mock or a spy clock, whose instances answer any attribute, keeps real waits.
+    """
+    clock_wait = getattr(type(clock), "wait", None)
+    if not inspect.isfunction(clock_wait) or inspect.iscoroutinefunction(clock_wait):
         return sleep
 
     def wait(seconds: float) -> _Slept:
-        advance(seconds)
+        if seconds > 0:
+            clock_wait(clock, seconds)
         return sleep(0)
 
     return wait

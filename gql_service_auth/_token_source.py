@@ -53,7 +53,7 @@ from ._events import AuthEvent
 from ._provenance import Origin, Refusal
 from ._redact import redact_text
 from ._store import StoredToken, TokenIdentity, TokenStore
-from ._token import Clock, TokenFetcher, TokenResponse, expiry_guard, renewal_margin
+from ._token import TokenFetcher, TokenResponse, expiry_guard, renewal_margin
 
 _T = TypeVar("_T")
 
@@ -218,13 +218,8 @@ class SharedLevel:
         refresh_margin: float,
         default_expires_in: float,
         emit: Callable[[AuthEvent], None],
-        clock: Clock = time.monotonic,
     ) -> None:
         self._store = store
-        # The token manager's clock, for the times handed to it (origins) and read from
-        # it (refusals). The store lives in real time: time left is Redis's PTTL, the
-        # lock's life and the cool-down after a failure are real seconds.
-        self._clock = clock
         self._identity = identity
         self._refresh_margin = refresh_margin
         self._default_expires_in = default_expires_in
@@ -375,7 +370,7 @@ class SharedLevel:
                     finally:
                         await releasing
                 return await fetch(), None
-            started, requested = time.monotonic(), self._clock()
+            started = time.monotonic()
             try:
                 response = await self._fetch_holding(fetch, owner)
             except TokenRequestError as failed:
@@ -384,7 +379,7 @@ class SharedLevel:
                 # hung); one of credentials (a secret being rotated, with store_key) is not.
                 await self._release(owner, _describe(failed) if failed.retryable else None)
                 raise
-            await self._save(response, started, requested, replacing)
+            await self._save(response, started, replacing)
             return response, None
         finally:
             if locked:
@@ -393,7 +388,7 @@ class SharedLevel:
     async def _read(
         self, takes: Callable[[StoredToken, Origin], bool]
     ) -> tuple[TokenResponse, Origin] | None:
-        read_at = self._clock()
+        read_at = time.monotonic()
         stored = await self._call(lambda: self._store.load(self._identity))
         if stored is None:
             return None
@@ -445,10 +440,8 @@ class SharedLevel:
                 return  # lost it (it lapsed meanwhile): the fetch goes on all the same
 
     async def _save(
-        self, response: TokenResponse, started: float, requested: float, replacing: Refusal | None
+        self, response: TokenResponse, started: float, replacing: Refusal | None
     ) -> None:
-        """Store ``response``, requested at ``started`` (real time) and ``requested`` (the
-        manager's clock)."""
         lifetime = response.expires_in
         if lifetime is None or lifetime <= 0:
             lifetime = self._default_expires_in  # as the token manager does
@@ -461,7 +454,7 @@ class SharedLevel:
             if replacing is not None:
                 replaces = replacing.fingerprint
                 if replacing.requested_at is not None:
-                    before = requested - replacing.requested_at
+                    before = started - replacing.requested_at
             token = StoredToken(response.access_token, left, lifetime, replaces, before)
             try:
                 await self._call(lambda: self._store.save(self._identity, token))

@@ -539,7 +539,7 @@ class TokenManager:
                 )
             )
         finally:
-            requested = origin.requested_at if origin is not None else started
+            requested = origin.requested_at if origin is not None else began
             self._land(flight, response, None, started=started, requested=requested, origin=origin)
 
     def _renewal_failed(self, flight: Flight) -> tuple[float, float, int] | None:

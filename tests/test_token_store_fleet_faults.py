@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 from gql import Client
+from gql.transport.exceptions import TransportServerError
 from redis_server import RedisServer, command
 from support import (
     COUNT,
     SLOW_MACHINE,
+    UNAUTHENTICATED_ERROR,
     Fleet,
     closed_port,
     fleet_config,
@@ -36,7 +38,7 @@ from gql_service_auth import (
     StoredToken,
     TokenIdentity,
 )
-from gql_service_auth.emulator import ClientRecord, Emulator
+from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
 from gql_service_auth.redis import RedisTokenStore
 
 
@@ -446,3 +448,64 @@ async def test_the_replacement_of_a_newer_token_serves_a_transport_refused_with_
     assert older.token is not None
     assert newer.token is not None
     assert older.token.value == newer.token.value
+
+
+def _sent_tokens(emulator: Emulator) -> list[str]:
+    return [
+        r.headers.get("Authorization", "").removeprefix("Bearer ")
+        for r in emulator.requests
+        if r.path.endswith("/graphql")
+    ]
+
+
+async def test_a_pause_waited_on_a_manual_clock_never_makes_a_revoked_stored_token_look_newer(
+    live_emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """Refusal times are weighed against stored tokens in real time, whatever clock the
+    transport reads its lifetimes and pauses on: a ManualClock advanced by a pause's wait
+    does not make a peer's token from before the revocation look newer than it."""
+    clock = ManualClock()
+    events: list[AuthEvent] = []
+    policy = RetryPolicy(wait_initial=1.0, wait_max=1.0, wait_jitter=0)
+    refusal = {"errors": [UNAUTHENTICATED_ERROR]}
+    with RedisTokenStore.from_url(redis_server.url) as store:
+        transport = with_store(
+            live_emulator, store, events, clock=clock, retry=policy, max_renewals=1
+        )
+        async with Client(transport=transport) as session:
+            # A fresh token refused, and its renewal answered 503: the renewed token is in
+            # hand, and no answer has accepted it.
+            live_emulator.fail_graphql_requests(1, 200, body=refusal)
+            live_emulator.fail_graphql_requests(1, 503, body={"message": "down"})
+            with pytest.raises(TransportServerError):
+                await session.execute(COUNT)
+            peer = await token_of_its_own(live_emulator)
+            assert await store.save(identity_of(live_emulator), StoredToken(peer, 3600.0, 3600.0))
+            live_emulator.revoke_tokens()  # the peer's stored token and ours
+            live_emulator.reset_counters()
+            before = clock()
+            await session.execute(COUNT)  # refused: a second fresh refusal, a 1 s pause
+            assert clock() - before == pytest.approx(1.0)  # waited on the clock
+    assert peer not in _sent_tokens(live_emulator)
+    assert live_emulator.counters.graphql_requests == 2
+
+
+async def test_a_replacement_written_on_a_manual_clock_serves_a_peer_on_real_time(
+    live_emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """How long before its replacement a refused token was requested is stored in real
+    seconds, whatever the writer's clock: a peer on real time refused with an older token
+    takes the replacement (3 token requests in all, not 4)."""
+    clock = ManualClock()
+    with RedisTokenStore.from_url(redis_server.url) as store:
+        older = with_store(live_emulator, store)
+        await query(older)
+        peer = await token_of_its_own(live_emulator)
+        assert await store.save(identity_of(live_emulator), StoredToken(peer, 3600.0, 3600.0))
+        newer = with_store(live_emulator, store, clock=clock)
+        await query(newer)  # reads the peer's newer token
+        clock.advance(60)  # the test moves its clock on; the 3600 s token stays good
+        live_emulator.revoke_tokens()
+        await query(newer)  # refused: fetches and stores its replacement
+        await query(older)  # refused with the older token: takes that replacement
+    assert live_emulator.counters.token_requests == 3

@@ -144,6 +144,12 @@ class ManualClock:
         with self._lock:
             self._now += seconds
 
+    def wait(self, seconds: float) -> None:
+        """A transport's wait on this clock (a re-send waiting out a pause): it advances the
+        clock by ``seconds`` rather than sleeping. Waits of transports sharing the clock add
+        up, where in real time they would overlap."""
+        self.advance(seconds)
+
 
 @dataclass(slots=True)
 class Counters:

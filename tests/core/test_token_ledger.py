@@ -134,7 +134,7 @@ def test_a_failed_renewal_without_a_usable_token_is_a_requests_failure() -> None
 
 def test_the_first_refusal_of_a_token_is_the_one_weighed_against_a_store() -> None:
     clock = Clock()
-    refusals = Refusals(cooldown=None, weighs_provenance=True, clock=clock)
+    refusals = Refusals(cooldown=None, weighs_provenance=True, real_time=clock)
     one = token(1)
     refusals.landed(one, requested=990.0, origin=None, in_hand=True)
     refusals.refused(one, current=one, answer=None)

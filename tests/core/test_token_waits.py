@@ -1,16 +1,20 @@
-"""The token manager's waits: blocking threads and coroutines share one fetch (no network)."""
+"""The token manager's waits: blocking threads and coroutines share one fetch, and a clock
+that moves only when told takes over a re-send's wait (no network)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
+from unittest import mock
 
 import pytest
 
 from gql_service_auth import TokenRequestError
-from gql_service_auth._token import AccessToken, TokenResponse
+from gql_service_auth._token import AccessToken, TokenResponse, waits_on
 from gql_service_auth._tokens import TokenManager
+from gql_service_auth.emulator import ManualClock
 
 
 class Fetcher:
@@ -153,3 +157,36 @@ async def test_a_blocking_wait_on_a_loop_thread_without_threads_fails_clearly(
     with pytest.raises(TokenRequestError, match="this thread runs an event loop"):
         tokens.get_blocking()
     assert (await tokens.get()).value == "token-1"  # on the loop, it fetches for itself
+
+
+def test_a_clock_takes_over_waits_only_with_a_wait_its_class_defines() -> None:
+    """waits_on: a ManualClock advances by a wait (and not for a wait of 0, which only
+    yields); a spy, an async ``wait`` or an ``advance`` alone keep the real sleep."""
+    slept: list[float] = []
+
+    manual = ManualClock(start=0.0)
+    wait = waits_on(manual, slept.append)
+    wait(0.0)
+    wait(1.5)
+    assert (manual(), slept) == (1.5, [0, 0])
+
+    class AsyncWait:
+        def __call__(self) -> float:
+            return 0.0
+
+        async def wait(self, seconds: float) -> None:
+            raise AssertionError("never called")
+
+    class AdvanceOnly:
+        def __call__(self) -> float:
+            return 0.0
+
+        def advance(self, seconds: float) -> None:
+            raise AssertionError("never called")
+
+    spy = mock.Mock(side_effect=time.monotonic)
+    for clock in (spy, AsyncWait(), AdvanceOnly()):
+        slept.clear()
+        waits_on(clock, slept.append)(0.3)
+        assert slept == [0.3]
+    assert not spy.wait.called
