@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from ssl import SSLContext
@@ -215,12 +217,14 @@ def resolve_token_session(
     token_proxy: str | URL | None,
     token_url: str | URL,
     allow_insecure_http: bool,
+    inherited_from: str = "client_session_args",
 ) -> TokenSession:
     """The token session's settings, from the transport's keywords.
 
     ``token_session_args``, when given, is all there is; otherwise ``trust_env``,
-    ``proxy`` and ``proxy_auth`` come from ``client_session_args``. ``token_proxy``
-    sets the proxy either way.
+    ``proxy`` and ``proxy_auth`` come from ``client_session_args`` (what the GraphQL
+    requests use, which messages call ``inherited_from``). ``token_proxy`` sets the
+    proxy either way.
 
     Raises:
         ConfigurationError: a refused or malformed key, a proxy given twice, or a
@@ -229,7 +233,7 @@ def resolve_token_session(
             password.
     """
     if token_session_args is None:
-        source = "client_session_args"
+        source = inherited_from
         if client_session_args is not None and not isinstance(client_session_args, Mapping):
             raise ConfigurationError(
                 "client_session_args must be a dict of aiohttp ClientSession keywords, not "
@@ -245,7 +249,7 @@ def resolve_token_session(
         source = "token_session_args"
         chosen = dict(token_session_args)
         _check_keys(chosen)
-    proxy_name = f"{source}['proxy']"
+    proxy_name = f"{source}['proxy']" if source.endswith("_args") else source
     if token_proxy is not None:
         if token_session_args is not None and chosen.get("proxy") is not None:
             raise ConfigurationError(
@@ -461,3 +465,19 @@ class AiohttpFormPoster:
                     else "Check token_url and the network; this is retried within RetryPolicy"
                 ),
             ) from exc
+
+
+def ssl_of_verify(verify: object, what: str = "verify") -> SSLContext | bool:
+    """requests' and httpx's ``verify`` (a bool, a CA bundle's path, an ``SSLContext``)
+    as aiohttp's ``ssl``, for the token request: it verifies as the GraphQL requests do."""
+    if isinstance(verify, bool | SSLContext):
+        return verify
+    if isinstance(verify, str | bytes | os.PathLike):
+        path = os.fsdecode(verify)
+        if os.path.isdir(path):
+            return ssl.create_default_context(capath=path)
+        return ssl.create_default_context(cafile=path)
+    raise ConfigurationError(
+        f"{what} must be a bool, a CA bundle's path or an ssl.SSLContext, not "
+        f"{type(verify).__name__}"
+    )

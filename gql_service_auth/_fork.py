@@ -48,3 +48,19 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch - absent only on Windows
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class DropsClientInChild:
+    """A gql transport whose HTTP client (``_client_attribute``) a forked child leaves to
+    its parent: its pooled connections are the parent's sockets. The child connects anew."""
+
+    _client_attribute = "session"
+
+    def _forget_client_in_children(self) -> None:
+        reset_in_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        client = getattr(self, self._client_attribute, None)
+        if client is not None:
+            keep_orphan(client)
+            setattr(self, self._client_attribute, None)

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 from gql.graphql_request import GraphQLRequest
-from gql.transport.exceptions import TransportError, TransportServerError
+from gql.transport.exceptions import (
+    TransportConnectionFailed,
+    TransportError,
+    TransportServerError,
+)
 from graphql import DocumentNode, ExecutionResult, OperationDefinitionNode
 
 from ._errors import (
     ApiKeyRejectedError,
     ApiKeyRejectedHTTPError,
+    GqlServiceAuthError,
     UnauthenticatedError,
     UnauthenticatedHTTPError,
 )
@@ -107,6 +113,12 @@ def rebuild(snapshot: Snapshot) -> GraphQLRequest:
 def is_query(snapshot: Snapshot) -> bool:
     """Whether the operation a request runs is a query, which has no side effects."""
     document, _, operation_name, _ = snapshot
+    return runs_query(document, operation_name)
+
+
+def runs_query(document: DocumentNode, operation_name: object) -> bool:
+    """Whether the operation ``document`` runs (``operation_name``'s, or its only one) is
+    a query, which has no side effects."""
     operations = [
         d
         for d in document.definitions
@@ -284,6 +296,16 @@ async def first_token(tokens: TokenManager) -> AccessToken:
     raise error  # outside the except block: the signal stays out of the chain
 
 
+def first_token_blocking(tokens: TokenManager, min_ttl: float) -> AccessToken:
+    """:func:`first_token` for code without an event loop: blocks the calling thread,
+    within the fetch's deadline."""
+    try:
+        return tokens.get_blocking(min_ttl=min_ttl)
+    except RenewalPaused as signal:
+        error = paused_error(Paused(signal.refusals, signal.remaining), tokens.refusal_answer)
+    raise error  # outside the except block: the signal stays out of the chain
+
+
 def subscription_refused(
     tokens: TokenManager, token: AccessToken, bare: Bare401, renewals: int
 ) -> UnauthenticatedError:
@@ -305,6 +327,65 @@ def paused_error(paused: Paused, last_refusal: object) -> UnauthenticatedError:
     if isinstance(last_refusal, Bare401):
         return http_401(UnauthenticatedHTTPError, last_refusal, message)
     return UnauthenticatedError(message)
+
+
+# gql's requests and httpx transports, whose auth objects sign and re-send inside the HTTP
+# client, and hand a refused outcome back through an Exchange (see _http_auth.py).
+
+
+def own_error(exc: BaseException) -> GqlServiceAuthError | None:
+    """This package's error inside ``exc``: gql's requests and httpx transports raise
+    anything the HTTP client raised (an auth's token fetch) as ``TransportConnectionFailed``,
+    which ``except TransportQueryError`` misses and a reconnecting session retries."""
+    cause = exc.__cause__
+    if isinstance(exc, TransportConnectionFailed) and isinstance(cause, GqlServiceAuthError):
+        return cause
+    return None
+
+
+def oauth2_failure(
+    exc: TransportError, refused: Refused[Any] | None, secrets: list[str]
+) -> BaseException:
+    """What a call to gql's transport that raised ``exc`` raises instead (OAuth2): this
+    package's own error, the error of a request refused to the end, or ``exc`` itself,
+    rid of credentials. Raise it outside the ``except`` block."""
+    own = own_error(exc)
+    if own is not None:
+        return own
+    redact_chain(exc, secrets)
+    clear_locals(exc)
+    if refused is None:
+        return exc
+    # A bare 401, or a batch refused with a single object, which gql finds malformed.
+    raw = Bare401(exc) if isinstance(exc, TransportServerError) and exc.code == 401 else None
+    return refused_error(replace(refused, last=Sent(refused.last.answer, raw)), secrets)
+
+
+def oauth2_answer(answer: _T, refused: Refused[Any] | None, secrets: list[str]) -> _T:
+    """The answer of a call to gql's transport (OAuth2), or the error of a refused one."""
+    if refused is not None:
+        raise refused_error(replace(refused, last=Sent(refused.last.answer, answer)), secrets)
+    return scrubbed(answer, secrets)
+
+
+def api_key_failure(exc: TransportError, secrets: list[str]) -> BaseException:
+    """:func:`oauth2_failure` for the API key: a bare 401 refused the key."""
+    own = own_error(exc)
+    if own is not None:
+        return own
+    redact_chain(exc, secrets)
+    clear_locals(exc)
+    if isinstance(exc, TransportServerError) and exc.code == 401:
+        return api_key_error(Bare401(exc), secrets)
+    return exc
+
+
+def api_key_answer(answer: _T, secrets: list[str]) -> _T:
+    """The answer of a call to gql's transport (API key), or the error of a refused key."""
+    results = answer if isinstance(answer, list) else [answer]
+    if any(isinstance(r, ExecutionResult) and is_refusal(r.errors) for r in results):
+        raise api_key_error(answer, secrets)
+    return scrubbed(answer, secrets)
 
 
 def api_key_error(raw: object, secrets: list[str]) -> ApiKeyRejectedError:

@@ -1,13 +1,14 @@
-"""pytest plugin: run gql's own aiohttp tests with ``AIOHTTPTransport`` swapped for ours.
+"""pytest plugin: run gql's own HTTP transport tests with gql's classes swapped for ours.
 
 Loaded by ``run.py`` with ``-p gql_swap`` (this directory on ``PYTHONPATH``) in gql's
-unpacked test suite, never by our own test run. ``--gql-transport`` picks what gql's tests
-get when they import ``gql.transport.aiohttp.AIOHTTPTransport``:
+unpacked test suite, never by our own test run. ``--gql-stack`` names the stack
+(``aiohttp``, ``requests``, ``httpx``: see :data:`STACKS`), and ``--gql-transport`` picks
+what gql's tests get when they import that stack's transport classes:
 
-- ``stock``: gql's own class, untouched; the run that sets the count to match.
-- ``api-key``: an :class:`~gql_service_auth.ApiKeyTransport` with made-up credentials.
-- ``oauth2``: an :class:`~gql_service_auth.OAuth2Transport` whose tokens come from our
-  emulator, served on 127.0.0.1 for the whole session.
+- ``stock``: gql's own classes, untouched; the run that sets the count to match.
+- ``api-key``: our API key transports, with made-up credentials.
+- ``oauth2``: our OAuth2 transports, whose tokens come from our emulator, served on
+  127.0.0.1 for the whole session.
 
 gql's test servers ignore the ``Authorization`` header, so each test checks that our
 transport behaves as gql's does everywhere else. gql's tests import the class inside each
@@ -22,6 +23,7 @@ our transports was built, as JSON for ``run.py`` to check.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import stat
@@ -50,18 +52,60 @@ API_KEY_ID = "gql-suite-client"
 API_KEY_SECRET = "gql-suite-secret"
 
 
-def install(mode: str, environ: Mapping[str, str] = os.environ) -> type[Any]:
-    """Put the transport of ``mode`` in place of ``gql.transport.aiohttp.AIOHTTPTransport``.
+# Per stack: gql's module, and each of its transport classes with ours for each mode.
+STACKS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
+    "aiohttp": (
+        "gql.transport.aiohttp",
+        {
+            "AIOHTTPTransport": (
+                "gql_service_auth:ApiKeyTransport",
+                "gql_service_auth:OAuth2Transport",
+            )
+        },
+    ),
+    "requests": (
+        "gql.transport.requests",
+        {
+            "RequestsHTTPTransport": (
+                "gql_service_auth.requests:ApiKeyRequestsTransport",
+                "gql_service_auth.requests:OAuth2RequestsTransport",
+            )
+        },
+    ),
+    "httpx": (
+        "gql.transport.httpx",
+        {
+            "HTTPXTransport": (
+                "gql_service_auth.httpx:ApiKeyHTTPXTransport",
+                "gql_service_auth.httpx:OAuth2HTTPXTransport",
+            ),
+            "HTTPXAsyncTransport": (
+                "gql_service_auth.httpx:ApiKeyHTTPXAsyncTransport",
+                "gql_service_auth.httpx:OAuth2HTTPXAsyncTransport",
+            ),
+        },
+    ),
+}
+ENV_STACK = "GQL_SWAP_STACK"
 
-    Returns gql's class, to put back.
+
+def _class(path: str) -> type[Any]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def install(
+    mode: str, stack: str = "aiohttp", environ: Mapping[str, str] = os.environ
+) -> dict[str, type[Any]]:
+    """Put the transports of ``mode`` in place of gql's classes of ``stack``.
+
+    Returns gql's classes by name, to put back.
     """
-    import gql.transport.aiohttp as gql_aiohttp
-
-    from gql_service_auth import ApiKeyTransport, OAuth2Transport
-
-    original: type[Any] = gql_aiohttp.AIOHTTPTransport
-    if mode == "stock":
-        return original
+    module_name, classes = STACKS[stack]
+    module = importlib.import_module(module_name)
+    originals: dict[str, type[Any]] = {name: getattr(module, name) for name in classes}
+    if mode not in MODES:
+        raise ValueError(f"unknown transport {mode!r}: one of {', '.join(MODES)}")
 
     def built() -> None:
         log, test = environ.get(ENV_BUILT_LOG), environ.get(ENV_TEST)
@@ -69,55 +113,67 @@ def install(mode: str, environ: Mapping[str, str] = os.environ) -> type[Any]:
             with open(log, "a", encoding="utf-8") as file:
                 file.write(json.dumps(test) + "\n")  # node ids may hold spaces
 
-    swapped: type[Any]
-    if mode == "api-key":
+    if mode == "stock":
+        # gql's own classes, noting which tests build one: a test that never does (one
+        # that builds another stack's, or forgets to run its code) says nothing of ours.
+        for original in originals.values():
+            init = original.__dict__.get("__init__", original.__init__)
 
-        class SwappedApiKeyTransport(ApiKeyTransport):
-            def __init__(self, url: Any, *args: Any, **kwargs: Any) -> None:
-                super().__init__(
-                    url, *args, client_id=API_KEY_ID, client_secret=API_KEY_SECRET, **kwargs
-                )
+            def logged(self: Any, *args: Any, _init: Any = init, **kwargs: Any) -> None:
+                _init(self, *args, **kwargs)
                 built()
 
-        swapped = SwappedApiKeyTransport
-    elif mode == "oauth2":
-        token_url = environ[ENV_TOKEN_URL]
-        client_id, client_secret = environ[ENV_CLIENT_ID], environ[ENV_CLIENT_SECRET]
+            original.__init__ = logged  # type: ignore[misc]
+        return originals
 
-        class SwappedOAuth2Transport(OAuth2Transport):
-            def __init__(self, url: Any, *args: Any, **kwargs: Any) -> None:
-                super().__init__(
-                    url,
-                    *args,
-                    token_url=token_url,
-                    client_id=client_id,
-                    client_secret=client_secret,
-                    **kwargs,
-                )
-                built()
+    for name, (api_key_path, oauth2_path) in classes.items():
+        if mode == "api-key":
+            credentials: dict[str, str] = {
+                "client_id": API_KEY_ID,
+                "client_secret": API_KEY_SECRET,
+            }
+            ours = _class(api_key_path)
+        else:
+            credentials = {
+                "token_url": environ[ENV_TOKEN_URL],
+                "client_id": environ[ENV_CLIENT_ID],
+                "client_secret": environ[ENV_CLIENT_SECRET],
+            }
+            ours = _class(oauth2_path)
 
-        swapped = SwappedOAuth2Transport
-    else:
-        raise ValueError(f"unknown transport {mode!r}: one of {', '.join(MODES)}")
-    gql_aiohttp.AIOHTTPTransport = swapped  # type: ignore[misc]
-    return original
+        def __init__(
+            self: Any,
+            url: Any,
+            *args: Any,
+            _ours: Any = ours,
+            _credentials: dict[str, str] = credentials,
+            **kwargs: Any,
+        ) -> None:
+            _ours.__init__(self, url, *args, **_credentials, **kwargs)
+            built()
+
+        swapped = type(f"Swapped{ours.__name__}", (ours,), {"__init__": __init__})
+        setattr(module, name, swapped)
+    return originals
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gql-swap", "gql's tests with our transports")
     group.addoption("--gql-transport", choices=MODES, default="stock")
+    group.addoption("--gql-stack", choices=sorted(STACKS), default="aiohttp")
     group.addoption("--gql-swap-report", default=None, metavar="FILE")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     mode = config.getoption("--gql-transport")
-    plugin = _Swap(mode, config.getoption("--gql-swap-report"))
+    plugin = _Swap(mode, config.getoption("--gql-stack"), config.getoption("--gql-swap-report"))
     config.pluginmanager.register(plugin, "gql-swap-session")
 
 
 class _Swap:
-    def __init__(self, mode: str, report: str | None) -> None:
+    def __init__(self, mode: str, stack: str, report: str | None) -> None:
         self.mode = mode
+        self.stack = stack
         self.report = report
         self.outcomes: dict[str, str] = {}
         self._stack = contextlib.ExitStack()
@@ -126,7 +182,7 @@ class _Swap:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        env: dict[str, str] = {ENV_MODE: self.mode}
+        env: dict[str, str] = {ENV_MODE: self.mode, ENV_STACK: self.stack}
         work = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="gql-swap-")))
         self._built_log = str(work / "built.log")
         Path(self._built_log).touch()
@@ -149,7 +205,7 @@ class _Swap:
                 "import os, sys\n"
                 f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
                 "import gql_swap\n"
-                f"gql_swap.install(os.environ[{ENV_MODE!r}])\n"
+                f"gql_swap.install(os.environ[{ENV_MODE!r}], os.environ[{ENV_STACK!r}])\n"
                 "from gql.cli import gql_cli\n"
                 "sys.exit(gql_cli())\n",
                 encoding="utf-8",
@@ -159,9 +215,14 @@ class _Swap:
         saved = {name: os.environ.get(name) for name in (*env, ENV_TEST)}
         self._stack.callback(_restore, saved)
         os.environ.update(env)
-        import gql.transport.aiohttp as gql_aiohttp
-
-        self._stack.callback(setattr, gql_aiohttp, "AIOHTTPTransport", install(self.mode))
+        module = importlib.import_module(STACKS[self.stack][0])
+        inits = {
+            name: getattr(module, name).__dict__.get("__init__") for name in STACKS[self.stack][1]
+        }
+        for name, original in install(self.mode, self.stack).items():
+            self._stack.callback(setattr, module, name, original)
+            if inits[name] is not None:
+                self._stack.callback(setattr, original, "__init__", inits[name])
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         lines = Path(self._built_log).read_text(encoding="utf-8").splitlines()

@@ -1,7 +1,9 @@
-"""Run gql's own aiohttp transport tests with gql's transport, then with ours in its place.
+"""Run gql's own HTTP transport tests with gql's transports, then with ours in their place.
 
 gql's test suite is the definition of drop-in: every test that passes with gql's
-``AIOHTTPTransport`` must pass with ``ApiKeyTransport`` and with ``OAuth2Transport``.
+``AIOHTTPTransport`` must pass with ``ApiKeyTransport`` and with ``OAuth2Transport``, and
+so for ``RequestsHTTPTransport``, ``HTTPXTransport`` and ``HTTPXAsyncTransport`` and ours
+(:data:`TEST_FILES` names each stack's tests). The runs of a stack go two at a time.
 ``make gql-suite`` (part of ``make test``) runs this script with the project's venv::
 
     .venv/bin/python tests/gql_suite/run.py [extra pytest arguments]
@@ -24,22 +26,28 @@ import sys
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-# gql's tests of its aiohttp HTTP transport; the websocket ones test another class.
-TEST_FILES = (
-    "tests/test_aiohttp.py",
-    "tests/test_aiohttp_batch.py",
-    "tests/test_aiohttp_multipart.py",
-)
+# gql's tests of each HTTP transport; the websocket and online ones test other things.
+TEST_FILES = {
+    "aiohttp": (
+        "tests/test_aiohttp.py",
+        "tests/test_aiohttp_batch.py",
+        "tests/test_aiohttp_multipart.py",
+    ),
+    "requests": ("tests/test_requests.py", "tests/test_requests_batch.py"),
+    "httpx": ("tests/test_httpx.py", "tests/test_httpx_async.py", "tests/test_httpx_batch.py"),
+}
 MODES = ("stock", "api-key", "oauth2")
 HERE = Path(__file__).resolve().parent
 
 
 @dataclass
 class Run:
+    stack: str
     mode: str
     returncode: int
     seconds: float
@@ -87,15 +95,17 @@ def unpacked_suite(venv: Path, gql_version: str) -> Path:
     return suite
 
 
-def run(suite: Path, mode: str, extra: list[str]) -> Run:
-    """One pytest process over gql's tests, with ``mode``'s transport in gql's place."""
+def run(suite: Path, stack: str, mode: str, extra: list[str]) -> Run:
+    """One pytest process over gql's tests of ``stack``, with ``mode``'s transports in
+    gql's place."""
     with tempfile.TemporaryDirectory(prefix="gql-suite-") as scratch:
         report = Path(scratch) / "report.json"
         command = [
-            sys.executable, "-m", "pytest", *TEST_FILES,
+            sys.executable, "-m", "pytest", *TEST_FILES[stack],
             # gql's settings (asyncio mode, loop scope), not ours: no filterwarnings=error.
             "-c", str(suite / "pyproject.toml"), "--rootdir", str(suite),
-            "-p", "gql_swap", f"--gql-transport={mode}", f"--gql-swap-report={report}",
+            "-p", "gql_swap", f"--gql-transport={mode}", f"--gql-stack={stack}",
+            f"--gql-swap-report={report}",
             "-p", "no:cacheprovider", "-q", *extra,
         ]  # fmt: skip
         env = dict(os.environ)
@@ -116,6 +126,7 @@ def run(suite: Path, mode: str, extra: list[str]) -> Run:
         seconds = time.monotonic() - started
         summary = json.loads(report.read_text()) if report.exists() else {}
     return Run(
+        stack=stack,
         mode=mode,
         returncode=done.returncode,
         seconds=seconds,
@@ -134,8 +145,9 @@ def problems(stock: Run, swapped: Run) -> list[str]:
     found += [f"failed: {test}" for test in sorted(swapped.with_outcome("failed"))]
     lost = stock.with_outcome("passed") - swapped.with_outcome("passed")
     found += [f"passes with gql's transport, not with ours: {test}" for test in sorted(lost)]
-    # A test that never built our transport proves nothing about it.
-    unbuilt = swapped.with_outcome("passed") - swapped.built
+    # A test that never built our transport proves nothing about it; one that never built
+    # gql's either (it builds another stack's) is not about this one.
+    unbuilt = (swapped.with_outcome("passed") & stock.built) - swapped.built
     found += [f"passed without building our transport: {test}" for test in sorted(unbuilt)]
     if swapped.mode == "oauth2" and swapped.token_requests == 0:
         found.append("no token was requested: the swap did not take")
@@ -145,32 +157,37 @@ def problems(stock: Run, swapped: Run) -> list[str]:
 def main(argv: list[str]) -> int:
     gql_version = version("gql")
     suite = unpacked_suite(Path(sys.prefix), gql_version)
-    runs = {mode: run(suite, mode, argv) for mode in MODES}
-    stock = runs["stock"]
-    failures: dict[str, list[str]] = {}
-    if stock.returncode != 0 or not stock.with_outcome("passed"):
-        failures["stock"] = [f"gql's own run exited with status {stock.returncode}"]
-    for mode in MODES[1:]:
-        if found := problems(stock, runs[mode]):
-            failures[mode] = found
+    # Two at a time: each run is one process that mostly waits on its loopback servers.
+    jobs = [(stack, mode) for stack in TEST_FILES for mode in MODES]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = pool.map(lambda job: run(suite, job[0], job[1], argv), jobs)
+        runs = {(r.stack, r.mode): r for r in done}
+    failures: dict[tuple[str, str], list[str]] = {}
+    for stack in TEST_FILES:
+        stock = runs[stack, "stock"]
+        if stock.returncode != 0 or not stock.with_outcome("passed"):
+            failures[stack, "stock"] = [f"gql's own run exited with status {stock.returncode}"]
+        for mode in MODES[1:]:
+            if found := problems(stock, runs[stack, mode]):
+                failures[stack, mode] = found
 
-    print(f"gql {gql_version}: its aiohttp transport tests ({', '.join(TEST_FILES)})")
-    for mode, result in runs.items():
+    print(f"gql {gql_version}: its HTTP transport tests, with its transports and with ours")
+    for (stack, mode), result in runs.items():
         counts = ", ".join(
             f"{len(result.with_outcome(outcome))} {outcome}"
             for outcome in ("passed", "failed", "skipped")
         )
         extra = f", {result.token_requests} token requests" if mode == "oauth2" else ""
-        verdict = "FAILED" if mode in failures else "ok"
-        print(f"  {mode:8} {counts}{extra}  ({result.seconds:.1f} s)  {verdict}")
-    for mode, found in failures.items():
+        verdict = "FAILED" if (stack, mode) in failures else "ok"
+        print(f"  {stack:8} {mode:8} {counts}{extra}  ({result.seconds:.1f} s)  {verdict}")
+    for (stack, mode), found in failures.items():
         # gql's tests log at DEBUG, so a failing run's output is long: the end of it here,
         # all of it in a file.
-        log = suite / f"last-{mode}.log"
-        log.write_text(runs[mode].output, encoding="utf-8")
-        tail = "\n".join(runs[mode].output.rstrip().splitlines()[-40:])
-        print(f"\n== {mode}: the end of pytest's output (all of it: {log})\n{tail}")
-        print(f"\n== {mode}: what falls short")
+        log = suite / f"last-{stack}-{mode}.log"
+        log.write_text(runs[stack, mode].output, encoding="utf-8")
+        tail = "\n".join(runs[stack, mode].output.rstrip().splitlines()[-40:])
+        print(f"\n== {stack} {mode}: the end of pytest's output (all of it: {log})\n{tail}")
+        print(f"\n== {stack} {mode}: what falls short")
         for line in found:
             print(f"  {line}")
     return 1 if failures else 0

@@ -1,0 +1,310 @@
+"""The settings half of the auth objects for requests and httpx: constructors, ``from_env``.
+
+Each stack's module adds the other half, what its client calls (a requests hook, an
+httpx auth flow), to these bases. Token requests go out through the aiohttp poster of
+the other transports, on a thread and event loop of their own, whatever stack signs the
+GraphQL requests: one token manager then serves every stack alike.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from ssl import SSLContext
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from yarl import URL
+
+from ._aiohttp_token_session import (
+    AiohttpFormPoster,
+    TokenSessionArgs,
+    resolve_token_session,
+    ssl_of_verify,
+)
+from ._config import check_url, endpoint_or_env, given_or_env
+from ._constants import (
+    DEFAULT_EXPIRES_IN,
+    DEFAULT_MAX_RENEWALS,
+    DEFAULT_REFRESH_MARGIN,
+    ENV_AUTH_URL,
+    ENV_CLIENT_ID,
+    ENV_CLIENT_SECRET,
+    TOKEN_PATH,
+)
+from ._credentials import ClientCredentials
+from ._events import Emitter, EventHook
+from ._http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules
+from ._oauth2 import ClientAuthMethod, RetryPolicy
+from ._redact import forgets_on_error
+from ._settings import check_renewal_settings, joined_scope, store_from_env, token_manager
+from ._store import TokenStore
+from ._token import AccessToken, Clock
+
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from typing import Self, Unpack
+    else:
+        from typing_extensions import Self, Unpack
+
+
+class OAuth2AuthOptions(TypedDict, total=False):
+    """The optional keywords of the OAuth2 auth objects, for ``from_env``."""
+
+    scope: str | Sequence[str] | None
+    token_params: Mapping[str, str] | None
+    token_auth_method: ClientAuthMethod
+    refresh_margin: float
+    default_expires_in: float
+    max_renewals: int
+    retry: RetryPolicy | None
+    on_event: EventHook | None
+    clock: Clock | None
+    allow_insecure_http: bool
+    verify: bool | str | SSLContext
+    token_session_args: TokenSessionArgs | None
+    token_proxy: str | URL | None
+    token_store: TokenStore | None
+
+
+def oauth2_rules(
+    token_url: str | URL,
+    client_id: str,
+    client_secret: str,
+    *,
+    scope: str | Sequence[str] | None,
+    token_params: Mapping[str, str] | None,
+    token_auth_method: ClientAuthMethod,
+    refresh_margin: float,
+    default_expires_in: float,
+    max_renewals: int,
+    retry: RetryPolicy | None,
+    on_event: EventHook | None,
+    clock: Clock | None,
+    allow_insecure_http: bool,
+    verify: object,
+    token_session_args: TokenSessionArgs | None,
+    token_proxy: str | URL | None,
+    token_store: TokenStore | None,
+    inherited: Mapping[str, Any],
+    inherited_from: str,
+) -> OAuth2Rules:
+    """The settings of an OAuth2 auth, checked, and the token manager they make.
+
+    ``inherited`` is what the token request takes from the GraphQL requests' client when
+    ``token_session_args`` is ``None`` (``trust_env``, ``proxy``), named ``inherited_from``
+    in messages.
+    """
+    credentials = ClientCredentials(client_id, client_secret)
+    check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
+    session = resolve_token_session(
+        token_session_args,
+        client_session_args=inherited,
+        token_proxy=token_proxy,
+        token_url=token_url,
+        allow_insecure_http=allow_insecure_http,
+        inherited_from=inherited_from,
+    )
+    check_renewal_settings(
+        refresh_margin=refresh_margin,
+        default_expires_in=default_expires_in,
+        max_renewals=max_renewals,
+    )
+    emit = Emitter(on_event)
+    tokens = token_manager(
+        token_url,
+        credentials,
+        post=AiohttpFormPoster(ssl=ssl_of_verify(verify), session=session),
+        scope=joined_scope(scope),
+        token_params=token_params,
+        token_auth_method=token_auth_method,
+        refresh_margin=refresh_margin,
+        default_expires_in=default_expires_in,
+        policy=retry or RetryPolicy(),
+        emit=emit,
+        clock=clock,
+        token_store=token_store,
+    )
+    return OAuth2Rules(
+        credentials,
+        tokens,
+        max_renewals,
+        float(refresh_margin),
+        emit,
+        InsecureOrigins(allow_insecure_http),
+    )
+
+
+class ApiKeyAuthBase:
+    """Signs each request with the service's API key (``SERVICE-API-KEY id:secret``).
+
+    A request that already carries an ``Authorization`` header is the caller's own, and
+    is left alone. Credentials go only over https, or plain http to loopback, unless
+    ``allow_insecure_http``. A refused key is not the auth's to retry: the response comes
+    back as the service sent it.
+
+    Args:
+        client_id: The Client Id from the console.
+        client_secret: The Client Secret from the console; never shown.
+        allow_insecure_http: Allow plain ``http://`` to hosts that are not loopback.
+
+    Raises:
+        ConfigurationError: bad credentials.
+    """
+
+    @forgets_on_error
+    def __init__(
+        self, client_id: str, client_secret: str, *, allow_insecure_http: bool = False
+    ) -> None:
+        self._rules = ApiKeyRules(
+            ClientCredentials(client_id, client_secret), InsecureOrigins(allow_insecure_http)
+        )
+
+    @classmethod
+    @forgets_on_error
+    def from_env(
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        allow_insecure_http: bool = False,
+    ) -> Self:
+        """Build the auth from ``SERVICE_CLIENT_ID`` and ``SERVICE_CLIENT_SECRET``.
+
+        A setting given by keyword wins: its variable is then not read.
+
+        Raises:
+            ConfigurationError: a variable is missing or empty; the message names it.
+        """
+        return cls(
+            given_or_env(environ, client_id, ENV_CLIENT_ID),
+            given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+            allow_insecure_http=allow_insecure_http,
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} client_id={self._rules.credentials.client_id!r}>"
+
+
+class OAuth2AuthBase:
+    """Signs each request with an OAuth 2.0 client-credentials access token.
+
+    The first request fetches a token; every request and thread shares one fetch; a
+    token is renewed in the background ``refresh_margin`` seconds before it expires; and
+    when the service answers ``UNAUTHENTICATED`` (or HTTP 401 without a GraphQL body) to
+    a request that ran nothing and whose body can be sent again, the token is renewed
+    and the request re-sent, up to ``max_renewals`` times. A request refused to the end
+    comes back as the service answered it. A request that already carries an
+    ``Authorization`` header is the caller's own: it is left alone, and never re-sent.
+
+    Args:
+        token_url: The token endpoint, ``{auth_url}/oauth2/token``.
+        client_id: The Client Id from the console.
+        client_secret: The Client Secret from the console; never shown.
+        scope, token_params, token_auth_method, refresh_margin, default_expires_in,
+            max_renewals, retry, on_event, clock, token_session_args, token_proxy,
+            token_store: As :class:`~gql_service_auth.OAuth2Transport`'s. The token
+            request goes through aiohttp; with ``token_session_args=None`` it takes
+            proxies from the environment (``trust_env``), as requests and httpx do.
+        allow_insecure_http: Allow plain ``http://`` to hosts that are not loopback.
+        verify: How the token endpoint's certificate is verified: ``True``, ``False``,
+            a CA bundle's path or an ``ssl.SSLContext``.
+
+    Raises:
+        ConfigurationError: a bad argument; the message says which.
+    """
+
+    @forgets_on_error
+    def __init__(
+        self,
+        token_url: str | URL,
+        client_id: str,
+        client_secret: str,
+        *,
+        scope: str | Sequence[str] | None = None,
+        token_params: Mapping[str, str] | None = None,
+        token_auth_method: ClientAuthMethod = "client_secret_post",
+        refresh_margin: float = DEFAULT_REFRESH_MARGIN,
+        default_expires_in: float = DEFAULT_EXPIRES_IN,
+        max_renewals: int = DEFAULT_MAX_RENEWALS,
+        retry: RetryPolicy | None = None,
+        on_event: EventHook | None = None,
+        clock: Clock | None = None,
+        allow_insecure_http: bool = False,
+        verify: bool | str | SSLContext = True,
+        token_session_args: TokenSessionArgs | None = None,
+        token_proxy: str | URL | None = None,
+        token_store: TokenStore | None = None,
+    ) -> None:
+        self.token_url = token_url
+        self._rules = oauth2_rules(
+            token_url,
+            client_id,
+            client_secret,
+            scope=scope,
+            token_params=token_params,
+            token_auth_method=token_auth_method,
+            refresh_margin=refresh_margin,
+            default_expires_in=default_expires_in,
+            max_renewals=max_renewals,
+            retry=retry,
+            on_event=on_event,
+            clock=clock,
+            allow_insecure_http=allow_insecure_http,
+            verify=verify,
+            token_session_args=token_session_args,
+            token_proxy=token_proxy,
+            token_store=token_store,
+            inherited={"trust_env": True},
+            inherited_from="the environment (trust_env)",
+        )
+
+    @classmethod
+    def _of(cls, token_url: str | URL, rules: OAuth2Rules) -> Self:
+        """An auth with rules a transport made (its token request follows the transport)."""
+        auth = cls.__new__(cls)
+        auth.token_url = token_url
+        auth._rules = rules
+        return auth
+
+    @classmethod
+    @forgets_on_error
+    def from_env(
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        token_url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Unpack[OAuth2AuthOptions],
+    ) -> Self:
+        """Build the auth from the ``SERVICE_*`` environment variables.
+
+        Reads ``SERVICE_AUTH_URL`` (``/oauth2/token`` is appended unless it ends with
+        it), ``SERVICE_CLIENT_ID``, ``SERVICE_CLIENT_SECRET`` and, if set,
+        ``SERVICE_TOKEN_STORE_URL``, as :meth:`OAuth2Transport.from_env` does. A setting
+        given by keyword wins: its variable is then not read.
+
+        Raises:
+            ConfigurationError: a variable is missing or empty; the message names it.
+        """
+        if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
+            kwargs["token_store"] = store
+        return cls(
+            endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
+            given_or_env(environ, client_id, ENV_CLIENT_ID),
+            given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+            **kwargs,
+        )
+
+    @property
+    def token(self) -> AccessToken | None:
+        """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
+        return self._rules.tokens.token
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} token_url={str(self.token_url)!r} "
+            f"client_id={self._rules.credentials.client_id!r}>"
+        )

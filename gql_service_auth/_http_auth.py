@@ -1,0 +1,243 @@
+"""What the auth objects of every HTTP client share, whatever the client: no HTTP stack here.
+
+An auth object (requests' ``AuthBase``, ``httpx.Auth``) sees raw HTTP: a request's URL,
+headers and body, and a response's status, content type and body. Here those are read
+into what the decision core takes (:class:`~gql_service_auth._refusal.Answer`,
+:class:`~gql_service_auth._refusal.RequestFacts`), the credentials' rules are kept
+(:class:`ApiKeyRules`, :class:`OAuth2Rules`), and a refused outcome is handed to the
+gql transport that made the request (:func:`exchange`), which raises the package's own
+error with gql's bases: the auth object itself only returns responses, as plain clients
+expect of an auth.
+
+What is read from the body is what was sent: a request's facts are read from the bytes
+that go on the wire, not from a gql object that a caller may change meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from graphql import GraphQLError, parse
+
+from ._config import is_loopback
+from ._constants import UNAUTHENTICATED
+from ._credentials import ClientCredentials
+from ._errors import ConfigurationError
+from ._events import Emitter
+from ._flow import Refused
+from ._gql import runs_query
+from ._refusal import BARE_401, Answer, RequestFacts
+from ._token import AccessToken
+from ._tokens import TokenManager
+
+_MARK: Final = UNAUTHENTICATED.encode()
+
+NOT_REFUSED: Final = Answer(parts=1, refusals=0, ran=False, data=True)
+"""An answer that refuses nothing, as the decision reads it."""
+
+JSON_TYPES: Final = ("application/json", "application/graphql-response+json")
+"""Content types whose bodies are read for a refusal; others (a stream) are left alone."""
+
+
+def reads_body(content_type: str | None) -> bool:
+    """Whether a response of ``content_type`` may carry a GraphQL refusal to read."""
+    if not content_type:
+        return False
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind in JSON_TYPES or kind.endswith("+json")
+
+
+def answer_of(status: int, body: bytes | None) -> Answer | None:
+    """What a response says of the credentials: ``None`` when it refuses nothing.
+
+    ``body`` is ``None`` when it was not read (not JSON). A body without the word
+    ``UNAUTHENTICATED`` refuses nothing and is not parsed: most answers are not refusals.
+    """
+    if body is not None and _MARK in body:
+        try:
+            document: Any = json.loads(body)
+        except ValueError:
+            document = None
+        if isinstance(document, dict) and ("data" in document or "errors" in document):
+            answer = Answer.of_results(((document.get("errors"), document.get("data")),))
+            return answer if answer.refused else None
+        if isinstance(document, list) and all(isinstance(part, dict) for part in document):
+            answer = Answer.of_results((part.get("errors"), part.get("data")) for part in document)
+            return answer if answer.refused else None
+    if status == 401 and not _graphql_body(body):
+        return BARE_401
+    return None
+
+
+def _graphql_body(body: bytes | None) -> bool:
+    """Whether ``body`` is a GraphQL answer (gql then reads it, whatever the status)."""
+    if not body:
+        return False
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return False
+    if isinstance(document, dict):
+        return "data" in document or "errors" in document
+    return isinstance(document, list) and bool(document)
+
+
+def facts_of(body: bytes | str | None, *, replayable: bool) -> RequestFacts:
+    """What the decision needs of a request, read from the body it sent.
+
+    A body that cannot be read as a GraphQL request counts as a mutation: a wrong guess
+    must never run an operation twice.
+    """
+    if body is None:
+        return RequestFacts(replayable=replayable)
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return RequestFacts(replayable=replayable)
+    if isinstance(document, list):
+        return RequestFacts(batch=True, replayable=replayable)
+    if isinstance(document, dict):
+        query = _is_query(document.get("query"), document.get("operationName"))
+        return RequestFacts(query=query, replayable=replayable)
+    return RequestFacts(replayable=replayable)
+
+
+def _is_query(text: object, operation_name: object) -> bool:
+    """Whether the operation ``text`` runs is a query, which has no side effects."""
+    if not isinstance(text, str):
+        return False
+    try:
+        document = parse(text, no_location=True)
+    except GraphQLError:
+        return False
+    return runs_query(document, operation_name)
+
+
+class InsecureOrigins:
+    """The plain-http check of every request an auth object signs, cached per origin.
+
+    An auth object signs whatever its client sends: a request to a plain ``http://``
+    host that is not loopback would carry the credentials in clear text.
+    """
+
+    __slots__ = ("_allowed", "_seen")
+
+    def __init__(self, allow_insecure_http: bool) -> None:
+        self._allowed = allow_insecure_http
+        self._seen: dict[tuple[str, str], bool] = {}
+
+    def check(self, scheme: str, host: str) -> None:
+        """Raise :class:`ConfigurationError` unless credentials may go to this origin."""
+        if scheme == "https" or self._allowed:
+            return
+        key = (scheme, host)
+        safe = self._seen.get(key)
+        if safe is None:
+            safe = self._seen[key] = scheme == "http" and is_loopback(host)
+            if len(self._seen) > 64:  # a client that talks to many hosts: kept small
+                self._seen.clear()
+        if not safe:
+            raise ConfigurationError(
+                f"refusing to send credentials over {scheme} to {host}: use an https:// URL, "
+                "or pass allow_insecure_http=True if this network is trusted"
+            )
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class ApiKeyRules:
+    """An API key auth's settings: the header it sends, and where it may go."""
+
+    credentials: ClientCredentials
+    origins: InsecureOrigins
+    authorization: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "authorization", self.credentials.api_key_authorization())
+
+    def __repr__(self) -> str:
+        return f"<ApiKeyRules client_id={self.credentials.client_id!r}>"
+
+    def secrets(self) -> list[str]:
+        return [self.credentials.client_secret]
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class OAuth2Rules:
+    """An OAuth2 auth's settings and its token manager, shared by its stack's flows.
+
+    Attributes:
+        tokens: Hands out the tokens; shared by every request the auth signs.
+        max_renewals: Renewals (so re-sends) per request after a refusal.
+        refresh_margin: Seconds of validity an upload, never sent twice, asks for.
+        emit: The events' emitter (logs and ``on_event``).
+        origins: Where credentials may go.
+    """
+
+    credentials: ClientCredentials
+    tokens: TokenManager
+    max_renewals: int
+    refresh_margin: float
+    emit: Emitter
+    origins: InsecureOrigins
+
+    def __repr__(self) -> str:
+        return f"<OAuth2Rules client_id={self.credentials.client_id!r}>"
+
+    def secrets(self, token: AccessToken | None) -> list[str]:
+        secrets = [self.credentials.client_secret]
+        if token is not None:
+            secrets.append(token.value)
+        return secrets
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What an auth flow tells the gql transport that made its request.
+
+    Attributes:
+        refused: How the request ended when the service refused it to the end; the
+            transport raises the package's error for it. ``None`` otherwise.
+        secrets: The tokens sent, which the answers may quote.
+    """
+
+    refused: Refused[Any] | None = None
+    # Out of the repr: a traceback's frames show their locals, this record among them.
+    secrets: list[str] = field(default_factory=list, repr=False)
+
+
+_EXCHANGE: ContextVar[Exchange | None] = ContextVar("gql_service_auth_exchange", default=None)
+
+
+@contextlib.contextmanager
+def exchange() -> Iterator[Exchange]:
+    """An :class:`Exchange` that the auth flows of the calls made inside write to.
+
+    A ``ContextVar``: the auth flow runs on the caller's thread (requests, sync httpx) or
+    in its task (async httpx), while another caller's flow writes its own.
+    """
+    record = Exchange()
+    reset = _EXCHANGE.set(record)
+    try:
+        yield record
+    finally:
+        _EXCHANGE.reset(reset)
+
+
+def tell_sent(token: AccessToken) -> None:
+    """Note a token the current call sent, which its answers may quote, for its gql
+    transport to scrub them of."""
+    record = _EXCHANGE.get()
+    if record is not None:
+        record.secrets.append(token.value)
+
+
+def tell_refused(outcome: Refused[Any]) -> None:
+    """Hand a refused outcome to the gql transport of the current call, if any."""
+    record = _EXCHANGE.get()
+    if record is not None:
+        record.refused = outcome

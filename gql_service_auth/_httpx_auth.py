@@ -1,0 +1,296 @@
+"""httpx auth objects: the service's credentials on any httpx (or httpx2) client.
+
+gql imports httpx2 when it is installed, else httpx, and httpx2 refuses an auth that is
+not its own ``Auth`` (``TypeError: Invalid "auth" argument``): these classes subclass
+the ``Auth`` of each of the two that is installed, so they fit either client, gql's
+included. They read requests and responses by the attributes both share.
+
+Both flows are overridden, as httpx's docs ask of auths that do I/O: the synchronous one
+blocks on the token manager; the asynchronous one awaits it on asyncio, and under any
+other event loop (trio) waits on a worker thread, so no asyncio call is made there. A
+flow yields the same request again after a refusal, which httpx sends with the body it
+built: bytes, or a multipart stream whose file parts httpx seeks back to their start.
+A file part that cannot seek would go out empty the second time, so such a request is
+never re-sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Generator
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from ._auth_objects import ApiKeyAuthBase, OAuth2AuthBase
+from ._errors import GqlServiceAuthError
+from ._flow import NeedToken, Paused, Refused, Send, Sent, renewal_flow
+from ._gql import first_token_blocking, paused_error
+from ._http_auth import (
+    NOT_REFUSED,
+    OAuth2Rules,
+    answer_of,
+    facts_of,
+    reads_body,
+    tell_refused,
+    tell_sent,
+)
+from ._ledger import RenewalPaused, RenewalSpent
+from ._redact import REDACTED, SENSITIVE_HEADERS, register
+from ._refusal import RequestFacts
+from ._token import AccessToken
+
+_MODULES: list[Any] = []
+try:
+    import httpx2
+
+    _MODULES.append(httpx2)
+except ImportError:  # pragma: no cover - both are installed for the tests
+    pass
+try:
+    import httpx
+
+    _MODULES.append(httpx)
+except ImportError:  # pragma: no cover
+    pass
+if not _MODULES:  # pragma: no cover
+    raise ImportError(
+        "gql_service_auth.httpx needs the httpx extra: pip install 'gql-service-auth[httpx]'"
+    )
+
+if TYPE_CHECKING:
+    from httpx import Auth as _Auth
+    from httpx import Request, Response
+else:
+    _Auth = type("Auth", tuple(module.Auth for module in _MODULES), {})
+
+_BYTE_STREAMS = tuple(module.ByteStream for module in _MODULES)
+_ERRORS = tuple(module.HTTPError for module in _MODULES)
+
+
+class ApiKeyAuth(ApiKeyAuthBase, _Auth):
+    """An httpx auth that sends the service's API key.
+
+    ``httpx.Client(auth=ApiKeyAuth(client_id, client_secret))``; it fits httpx2 clients
+    too. The arguments and rules are those of
+    :class:`~gql_service_auth._auth_objects.ApiKeyAuthBase`.
+    """
+
+    def auth_flow(self, request: Request) -> Generator[Request, Response, None]:
+        if "Authorization" not in request.headers:  # else the caller's own
+            url = request.url
+            self._rules.origins.check(url.scheme, url.host)
+            request.headers["Authorization"] = self._rules.authorization
+        yield request
+
+
+class OAuth2Auth(OAuth2AuthBase, _Auth):
+    """An httpx auth that sends OAuth 2.0 client-credentials tokens, renewed as needed.
+
+    ``httpx.Client(auth=OAuth2Auth(token_url, client_id, client_secret))``, or an
+    ``AsyncClient`` (asyncio or trio); it fits httpx2 clients too. One auth object may
+    serve any number of clients, threads and event loops: they share its token and its
+    fetches. The arguments and rules are those of
+    :class:`~gql_service_auth._auth_objects.OAuth2AuthBase`.
+    """
+
+    def sync_auth_flow(self, request: Request) -> Generator[Request, Response, None]:
+        if "Authorization" in request.headers:
+            yield request  # the caller's own: neither replaced nor re-sent
+            return
+        rules = self._rules
+        replayable = _start(rules, request)
+        min_ttl = 0.0 if replayable else rules.refresh_margin
+        token = rules.tokens.fresh(min_ttl) or first_token_blocking(rules.tokens, min_ttl)
+        _sign(request, token)
+        response = yield request
+        body = response.read() if _body(response) else None
+        answer = answer_of(response.status_code, body)
+        if answer is None:
+            rules.tokens.confirm(token)
+            return
+        flow = _flow(rules, request, replayable, min_ttl, token, Sent(answer, response))
+        reply: object = None
+        while True:
+            try:
+                command = flow.send(reply)
+            except StopIteration as done:
+                _told(done.value)
+                return
+            if isinstance(command, Send):
+                _sign(request, command.token)
+                response = yield request
+                body = response.read() if _body(response) else None
+                reply = Sent(answer_of(response.status_code, body) or NOT_REFUSED, response)
+            elif isinstance(command, NeedToken):
+                reply = _signal_or(rules.tokens.get_blocking, command)
+            else:
+                rules.tokens.waits(time.sleep)(command.seconds)
+                reply = None
+
+    async def async_auth_flow(self, request: Request) -> AsyncGenerator[Request, Response]:
+        if "Authorization" in request.headers:
+            yield request  # the caller's own: neither replaced nor re-sent
+            return
+        rules = self._rules
+        replayable = _start(rules, request)
+        min_ttl = 0.0 if replayable else rules.refresh_margin
+        token = rules.tokens.fresh(min_ttl) or await _first_token(rules, min_ttl)
+        _sign(request, token)
+        response = yield request
+        answer = answer_of(
+            response.status_code, await response.aread() if _body(response) else None
+        )
+        if answer is None:
+            rules.tokens.confirm(token)
+            return
+        flow = _flow(rules, request, replayable, min_ttl, token, Sent(answer, response))
+        reply: object = None
+        while True:
+            try:
+                command = flow.send(reply)
+            except StopIteration as done:
+                _told(done.value)
+                return
+            if isinstance(command, Send):
+                _sign(request, command.token)
+                response = yield request
+                body = await response.aread() if _body(response) else None
+                reply = Sent(answer_of(response.status_code, body) or NOT_REFUSED, response)
+            elif isinstance(command, NeedToken):
+                try:
+                    reply = await _get(rules, command.min_ttl, command.newer_than)
+                except (RenewalPaused, RenewalSpent) as signal:
+                    reply = signal
+            else:
+                await rules.tokens.waits(anyio.sleep)(command.seconds)
+                reply = None
+
+
+def _start(rules: OAuth2Rules, request: Request) -> bool:
+    """Check where ``request`` goes; whether its body can be sent twice."""
+    url = request.url
+    rules.origins.check(url.scheme, url.host)
+    return _replayable(request)
+
+
+def _sign(request: Request, token: AccessToken) -> None:
+    request.headers["Authorization"] = token.authorization
+    tell_sent(token)
+
+
+def _body(response: Response) -> bool:
+    """Whether ``response``'s body is read for a refusal (JSON only: a stream is not)."""
+    return reads_body(response.headers.get("Content-Type"))
+
+
+def _flow(
+    rules: OAuth2Rules,
+    request: Request,
+    replayable: bool,
+    min_ttl: float,
+    token: AccessToken,
+    first: Sent[Response],
+) -> Generator[Any, object, Any]:
+    return renewal_flow(
+        _facts(request, replayable),
+        rules.tokens,
+        max_renewals=rules.max_renewals,
+        min_ttl=min_ttl,
+        emit=rules.emit,
+        first=(token, first),
+    )
+
+
+def _told(outcome: object) -> None:
+    """Hand a refused outcome to gql's transport; the response goes back as it came."""
+    if isinstance(outcome, Refused):
+        tell_refused(outcome)
+
+
+def _signal_or(get: Any, need: NeedToken) -> object:
+    try:
+        return get(min_ttl=need.min_ttl, after=need.newer_than)
+    except (RenewalPaused, RenewalSpent) as signal:
+        return signal
+
+
+async def _get(rules: OAuth2Rules, min_ttl: float, after: int) -> AccessToken:
+    """A token, awaited: on asyncio by the manager's own wait, elsewhere (trio) on a
+    worker thread, abandoned if the caller is cancelled (the fetch goes on for others)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        get = partial(rules.tokens.get_blocking, min_ttl=min_ttl, after=after)
+        return await anyio.to_thread.run_sync(get, abandon_on_cancel=True)
+    return await rules.tokens.get(min_ttl=min_ttl, after=after)
+
+
+async def _first_token(rules: OAuth2Rules, min_ttl: float) -> AccessToken:
+    try:
+        return await _get(rules, min_ttl, 0)
+    except RenewalPaused as signal:
+        paused = Paused(signal.refusals, signal.remaining)
+        error: GqlServiceAuthError = paused_error(paused, rules.tokens.refusal_answer)
+    raise error  # outside the except block: the signal stays out of the chain
+
+
+def _replayable(request: Request) -> bool:
+    """Whether httpx can send ``request``'s body twice, whole: bytes, or multipart whose
+    file parts are bytes or seekable files (httpx seeks each back before it sends)."""
+    stream = request.stream
+    if isinstance(stream, _BYTE_STREAMS):
+        return True
+    fields = getattr(stream, "fields", None)
+    if fields is None:
+        return False
+    for part in fields:
+        file = getattr(part, "file", None)
+        if file is None or isinstance(file, bytes | str):
+            continue
+        seekable = getattr(file, "seekable", None)
+        if seekable is None or not seekable():
+            return False
+    return True
+
+
+def _facts(request: Request, replayable: bool) -> RequestFacts:
+    """The request's facts, from the JSON it sent or a multipart's ``operations`` part."""
+    stream = request.stream
+    if isinstance(stream, _BYTE_STREAMS):
+        return facts_of(request.content, replayable=replayable)
+    for part in getattr(stream, "fields", ()):
+        if getattr(part, "name", None) == "operations" and not hasattr(part, "file"):
+            return facts_of(getattr(part, "value", None), replayable=replayable)
+    return facts_of(None, replayable=replayable)
+
+
+class _HttpxRecords:
+    """httpx's errors keep the request (with its headers), and the response with its own."""
+
+    def passwords(self, link: BaseException) -> list[str]:
+        return []
+
+    def scrub(self, link: BaseException, needles: list[str]) -> None:
+        if not isinstance(link, _ERRORS):
+            return
+        response = getattr(link, "response", None)
+        seen = [getattr(link, "_request", None)]
+        if response is not None:
+            seen += [getattr(response, "_request", None)]
+            seen += [getattr(old, "_request", None) for old in response.history]
+        for request in seen:
+            headers = getattr(request, "headers", None)
+            if headers is not None:
+                for name in SENSITIVE_HEADERS:
+                    if name in headers:
+                        headers[name] = REDACTED
+
+
+register(
+    _HttpxRecords(),
+    modules=("httpx", "httpcore", "httpx2", "httpcore2", "h11", "h2", "anyio", "sniffio"),
+)

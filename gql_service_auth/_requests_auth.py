@@ -1,0 +1,186 @@
+"""requests auth objects: the service's credentials on any requests session.
+
+``OAuth2Auth`` signs a request in ``__call__`` and registers a response hook, the way
+requests' own ``HTTPDigestAuth`` answers a 401: the hook reads the answer, and when the
+decision core says so (see :mod:`gql_service_auth._flow`), renews the token and re-sends
+a copy of the request through the same adapter. A body is sent again only when requests
+can rewind it (bytes, text, or a file whose position it recorded): gql's upload body, a
+``MultipartEncoder``, cannot be, and a re-send would declare its full length and send
+nothing, hanging until the read timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+from urllib.parse import urlsplit
+
+from requests.auth import AuthBase
+from requests.cookies import extract_cookies_to_jar
+from requests.exceptions import RequestException
+from requests.models import PreparedRequest, Response
+from requests.utils import rewind_body
+
+from ._auth_objects import ApiKeyAuthBase, OAuth2AuthBase
+from ._flow import Accepted, NeedToken, Refused, Sent, drive_sync, renewal_flow
+from ._gql import first_token_blocking
+from ._http_auth import (
+    NOT_REFUSED,
+    InsecureOrigins,
+    answer_of,
+    facts_of,
+    reads_body,
+    tell_refused,
+    tell_sent,
+)
+from ._redact import REDACTED, SENSITIVE_HEADERS, register
+from ._refusal import Answer
+from ._token import AccessToken
+
+
+def _check_origin(origins: InsecureOrigins, url: str | None) -> None:
+    parts = urlsplit(url or "")
+    origins.check(parts.scheme, parts.hostname or "")
+
+
+class ApiKeyAuth(ApiKeyAuthBase, AuthBase):
+    """A requests auth that sends the service's API key.
+
+    ``session.auth = ApiKeyAuth(client_id, client_secret)``, or ``auth=`` per request.
+    The arguments and rules are :class:`~gql_service_auth._auth_objects.ApiKeyAuthBase`'s.
+    """
+
+    def __call__(self, r: PreparedRequest) -> PreparedRequest:
+        if "Authorization" in r.headers:
+            return r  # the caller's own
+        _check_origin(self._rules.origins, r.url)
+        r.headers["Authorization"] = self._rules.authorization
+        return r
+
+
+class OAuth2Auth(OAuth2AuthBase, AuthBase):
+    """A requests auth that sends OAuth 2.0 client-credentials tokens, renewed as needed.
+
+    ``session.auth = OAuth2Auth(token_url, client_id, client_secret)``. One auth object
+    may serve any number of sessions and threads: they share its token and its fetches.
+    A request waits for a token at most ``retry.timeout`` seconds (plus a grace), whatever
+    the request's own ``timeout``. The arguments and rules are those of
+    :class:`~gql_service_auth._auth_objects.OAuth2AuthBase`.
+    """
+
+    def __call__(self, r: PreparedRequest) -> PreparedRequest:
+        if "Authorization" in r.headers:
+            return r  # the caller's own: neither replaced nor re-sent
+        rules = self._rules
+        _check_origin(rules.origins, r.url)
+        replayable = _replayable(r)
+        # A body sent once asks for a token that will outlive its send.
+        min_ttl = 0.0 if replayable else rules.refresh_margin
+        token = rules.tokens.fresh(min_ttl) or first_token_blocking(rules.tokens, min_ttl)
+        r.headers["Authorization"] = token.authorization
+        tell_sent(token)
+        r.register_hook("response", partial(self._answered, token, replayable, min_ttl))
+        return r
+
+    def _answered(
+        self,
+        token: AccessToken,
+        replayable: bool,
+        min_ttl: float,
+        r: Response,
+        **kwargs: Any,
+    ) -> Response | None:
+        """The response hook: the answer, or the answer of a re-send with a renewed token."""
+        answer = _answer(r)
+        rules = self._rules
+        if answer is None:
+            rules.tokens.confirm(token)
+            return None
+        body = r.request.body
+        facts = facts_of(body if isinstance(body, bytes | str) else None, replayable=replayable)
+        flow = renewal_flow(
+            facts,
+            rules.tokens,
+            max_renewals=rules.max_renewals,
+            min_ttl=min_ttl,
+            emit=rules.emit,
+            first=(token, Sent(answer, r)),
+        )
+        last = [r]
+
+        def send(renewed: AccessToken) -> Sent[Response]:
+            previous = last[0]
+            prepared = _copy_for_resend(previous)
+            prepared.headers["Authorization"] = renewed.authorization
+            tell_sent(renewed)
+            response = previous.connection.send(prepared, **kwargs)
+            response.history.append(previous)
+            response.request = prepared
+            last[0] = response
+            return Sent(_answer(response) or NOT_REFUSED, response)
+
+        def get_token(need: NeedToken) -> AccessToken:
+            return rules.tokens.get_blocking(min_ttl=need.min_ttl, after=need.newer_than)
+
+        outcome = drive_sync(
+            flow, get_token=get_token, send=send, sleep=rules.tokens.waits(time.sleep)
+        )
+        if isinstance(outcome, Accepted):
+            return outcome.raw
+        assert isinstance(outcome, Refused)  # a pause comes only before a first send
+        tell_refused(outcome)
+        return outcome.last.raw
+
+
+def _answer(r: Response) -> Answer | None:
+    body = r.content if reads_body(r.headers.get("Content-Type")) else None
+    return answer_of(r.status_code, body)
+
+
+def _replayable(r: PreparedRequest) -> bool:
+    """Whether ``r``'s body can be sent twice: none, bytes, text, or a rewindable file."""
+    body = r.body
+    if body is None or isinstance(body, bytes | str):
+        return True
+    return isinstance(getattr(r, "_body_position", None), int)
+
+
+def _copy_for_resend(previous: Response) -> PreparedRequest:
+    """A copy of ``previous``'s request to send again, as requests' digest auth makes one:
+    the refused response read and closed (its connection back in the pool), the body
+    rewound, and the cookies the refusal set."""
+    previous.content  # noqa: B018 - read to the end, so the connection can be reused
+    previous.close()
+    prepared = previous.request.copy()
+    if not isinstance(prepared.body, bytes | str | None):
+        rewind_body(prepared)
+    cookies = prepared._cookies
+    if cookies is not None:
+        extract_cookies_to_jar(cookies, previous.request, previous.raw)
+        prepared.prepare_cookies(cookies)
+    return prepared
+
+
+class _RequestsRecords:
+    """requests' exceptions keep the prepared request, and the response with its own."""
+
+    def passwords(self, link: BaseException) -> list[str]:
+        return []
+
+    def scrub(self, link: BaseException, needles: list[str]) -> None:
+        if not isinstance(link, RequestException):
+            return
+        response = link.response
+        requests_seen = [link.request]
+        if response is not None:
+            requests_seen += [response.request] + [old.request for old in response.history]
+        for prepared in requests_seen:
+            headers = getattr(prepared, "headers", None)
+            if headers is not None:
+                for name in SENSITIVE_HEADERS:
+                    if name in headers:
+                        headers[name] = REDACTED
+
+
+register(_RequestsRecords(), modules=("requests", "urllib3", "requests_toolbelt"))

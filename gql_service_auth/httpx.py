@@ -1,0 +1,460 @@
+"""gql's httpx transports, authenticating; and auth objects for plain httpx code.
+
+Needs the ``[httpx]`` extra: ``pip install 'gql-service-auth[httpx]'``. Works with
+whichever of httpx and httpx2 gql imported (gql prefers httpx2 when it is installed).
+
+- :class:`ApiKeyHTTPXTransport` and :class:`OAuth2HTTPXTransport` subclass gql's
+  ``HTTPXTransport``; :class:`ApiKeyHTTPXAsyncTransport` and
+  :class:`OAuth2HTTPXAsyncTransport` its ``HTTPXAsyncTransport`` (asyncio or trio).
+  Swap the class, keep every argument: the keywords gql hands to the httpx client
+  (``timeout``, ``verify``, ``proxy``...) included.
+- :class:`ApiKeyAuth` and :class:`OAuth2Auth` are ``httpx.Auth`` objects for code that
+  uses httpx directly: ``httpx.Client(auth=OAuth2Auth(...))``.
+
+The transports sign their requests with those auth objects (the client's ``auth``), and
+turn what gql would report (an error wrapped in ``TransportConnectionFailed``, a refused
+answer) into the package's errors, with gql's bases, as the aiohttp transports do.
+"""
+
+from __future__ import annotations
+
+try:
+    from gql.transport.httpx import HTTPXAsyncTransport, HTTPXTransport
+
+    from ._httpx_auth import ApiKeyAuth, OAuth2Auth
+except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
+    raise ImportError(
+        "gql_service_auth.httpx needs the httpx extra: pip install 'gql-service-auth[httpx]'"
+    ) from exc
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from ssl import SSLContext
+from typing import TYPE_CHECKING, Any
+
+from gql.graphql_request import GraphQLRequest
+from gql.transport.exceptions import TransportError
+from graphql import ExecutionResult
+from yarl import URL
+
+from ._aiohttp_token_session import TokenSessionArgs
+from ._auth_objects import oauth2_rules
+from ._config import check_url, endpoint_or_env, given_or_env
+from ._constants import (
+    DEFAULT_EXPIRES_IN,
+    DEFAULT_MAX_RENEWALS,
+    DEFAULT_REFRESH_MARGIN,
+    ENV_AUTH_URL,
+    ENV_BASE_URL,
+    ENV_CLIENT_ID,
+    ENV_CLIENT_SECRET,
+    GRAPHQL_PATH,
+    TOKEN_PATH,
+)
+from ._errors import ConfigurationError
+from ._events import EventHook
+from ._fork import DropsClientInChild
+from ._gql import api_key_answer, api_key_failure, oauth2_answer, oauth2_failure
+from ._http_auth import OAuth2Rules, exchange
+from ._oauth2 import ClientAuthMethod, RetryPolicy
+from ._redact import forgets_on_error
+from ._settings import store_from_env
+from ._store import TokenStore
+from ._token import AccessToken, Clock
+
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from typing import Self
+    else:
+        from typing_extensions import Self
+
+__all__ = [
+    "ApiKeyAuth",
+    "ApiKeyHTTPXAsyncTransport",
+    "ApiKeyHTTPXTransport",
+    "OAuth2Auth",
+    "OAuth2HTTPXAsyncTransport",
+    "OAuth2HTTPXTransport",
+]
+
+
+def _client_args(url: object, kwargs: dict[str, Any], allow: bool) -> None:
+    """Refuse what would fight the transport's own signing; check where it goes."""
+    if kwargs.get("auth") is not None:
+        raise ConfigurationError(
+            "auth= cannot be used with this transport: it signs its requests itself"
+        )
+    headers = kwargs.get("headers")
+    names = headers.keys() if isinstance(headers, Mapping) else (k for k, _ in headers or ())
+    if any(str(name).lower() == "authorization" for name in names):
+        raise ConfigurationError(
+            "headers must not contain Authorization: the transport sets it on every request"
+        )
+    check_url(str(url), what="url", allow_insecure_http=allow)
+
+
+class _ApiKeySettings(DropsClientInChild):
+    """The constructor and ``from_env`` of the API key transports."""
+
+    kwargs: dict[str, Any]
+    _client_attribute = "client"
+
+    @forgets_on_error
+    def __init__(
+        self,
+        url: str | Any,
+        json_serialize: Callable[..., str] = json.dumps,
+        json_deserialize: Callable[..., Any] = json.loads,
+        *,
+        client_id: str,
+        client_secret: str,
+        allow_insecure_http: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        signer = ApiKeyAuth(client_id, client_secret, allow_insecure_http=allow_insecure_http)
+        _client_args(url, kwargs, allow_insecure_http)
+        kwargs["auth"] = signer
+        super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]
+        self._secrets = signer._rules.secrets()
+        self._forget_client_in_children()
+
+    @classmethod
+    @forgets_on_error
+    def from_env(
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Build the transport from the ``SERVICE_*`` environment variables, as
+        :meth:`ApiKeyTransport.from_env <gql_service_auth.ApiKeyTransport.from_env>` does;
+        ``**kwargs`` go to the constructor."""
+        return cls(
+            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
+            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
+            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
+
+
+class _OAuth2Settings(DropsClientInChild):
+    """The constructor, ``from_env`` and ``token`` of the OAuth2 transports."""
+
+    kwargs: dict[str, Any]
+    _client_attribute = "client"
+
+    @forgets_on_error
+    def __init__(
+        self,
+        url: str | Any,
+        json_serialize: Callable[..., str] = json.dumps,
+        json_deserialize: Callable[..., Any] = json.loads,
+        *,
+        token_url: str | URL,
+        client_id: str,
+        client_secret: str,
+        scope: str | Sequence[str] | None = None,
+        token_params: Mapping[str, str] | None = None,
+        token_auth_method: ClientAuthMethod = "client_secret_post",
+        refresh_margin: float = DEFAULT_REFRESH_MARGIN,
+        default_expires_in: float = DEFAULT_EXPIRES_IN,
+        max_renewals: int = DEFAULT_MAX_RENEWALS,
+        retry: RetryPolicy | None = None,
+        on_event: EventHook | None = None,
+        clock: Clock | None = None,
+        allow_insecure_http: bool = False,
+        token_session_args: TokenSessionArgs | None = None,
+        token_proxy: str | URL | None = None,
+        token_store: TokenStore | None = None,
+        **kwargs: Any,
+    ) -> None:
+        _client_args(url, kwargs, allow_insecure_http)
+        inherited: dict[str, Any] = {"trust_env": kwargs.get("trust_env", True)}
+        proxy = kwargs.get("proxy")
+        if isinstance(proxy, str | URL):
+            inherited["proxy"] = proxy
+        verify: bool | str | SSLContext = kwargs.get("verify", True)
+        rules = oauth2_rules(
+            token_url,
+            client_id,
+            client_secret,
+            scope=scope,
+            token_params=token_params,
+            token_auth_method=token_auth_method,
+            refresh_margin=refresh_margin,
+            default_expires_in=default_expires_in,
+            max_renewals=max_renewals,
+            retry=retry,
+            on_event=on_event,
+            clock=clock,
+            allow_insecure_http=allow_insecure_http,
+            verify=verify,
+            token_session_args=token_session_args,
+            token_proxy=token_proxy,
+            token_store=token_store,
+            inherited=inherited,
+            inherited_from="the client's proxy and trust_env",
+        )
+        kwargs["auth"] = OAuth2Auth._of(token_url, rules)
+        super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]
+        self.token_url = token_url
+        self._rules: OAuth2Rules = rules
+        self._forget_client_in_children()
+
+    @classmethod
+    @forgets_on_error
+    def from_env(
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        url: str | None = None,
+        token_url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Build the transport from the ``SERVICE_*`` environment variables, as
+        :meth:`OAuth2Transport.from_env <gql_service_auth.OAuth2Transport.from_env>` does
+        (``SERVICE_TOKEN_STORE_URL`` included); ``**kwargs`` go to the constructor."""
+        if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
+            kwargs["token_store"] = store
+        return cls(
+            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
+            token_url=endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
+            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
+            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
+
+    @property
+    def token(self) -> AccessToken | None:
+        """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
+        return self._rules.tokens.token
+
+    def _secrets(self, tokens: list[str]) -> list[str]:
+        return [self._rules.credentials.client_secret, *tokens]
+
+
+_API_KEY_DOC = """A gql ``{base}`` that authenticates with the service's API key.
+
+    Sends ``Authorization: SERVICE-API-KEY <client_id>:<client_secret>`` on every request,
+    through an :class:`ApiKeyAuth` set as the client's ``auth``. Credentials registered
+    before 2024-05-13 cannot be used this way: use :class:`{oauth2}` for them.
+
+    Args:
+        url: The GraphQL endpoint, ``{{base_url}}/graphql``.
+        json_serialize, json_deserialize, **kwargs: gql's ``{base}`` arguments; the
+            keywords go to the httpx client, except ``auth``, which must not be given.
+        client_id: The Client Id from the console.
+        client_secret: The Client Secret from the console; never shown.
+        allow_insecure_http: Allow a plain ``http://`` URL to a host that is not loopback.
+
+    Raises:
+        ConfigurationError: bad credentials, an unsafe URL, ``auth`` given, or an
+            ``Authorization`` entry in ``headers``.
+    """
+
+_OAUTH2_DOC = """A gql ``{base}`` that authenticates with OAuth 2.0 client credentials.
+
+    The same promises as :class:`~gql_service_auth.OAuth2Transport`: one token fetch
+    shared by every caller, renewal ahead of expiry in the background, and renewal and
+    re-send when the service answers ``UNAUTHENTICATED`` (or HTTP 401 without a GraphQL
+    body) to a request that ran nothing, up to ``max_renewals`` times. Requests are signed
+    by an :class:`OAuth2Auth`, the client's ``auth``, so a re-send happens inside httpx,
+    before gql reads the answer. An upload whose files can seek is re-sent whole; one with
+    a file that cannot seek asks for a token valid ``refresh_margin`` seconds more, and is
+    never re-sent.
+
+    Args:
+        url: The GraphQL endpoint, ``{{base_url}}/graphql``.
+        json_serialize, json_deserialize, **kwargs: gql's ``{base}`` arguments; the
+            keywords go to the httpx client, except ``auth``, which must not be given.
+            ``verify`` applies to the token endpoint too.
+        token_url, client_id, client_secret, scope, token_params, token_auth_method,
+            refresh_margin, default_expires_in, max_renewals, retry, on_event, clock,
+            allow_insecure_http, token_session_args, token_proxy, token_store: As
+            :class:`~gql_service_auth.OAuth2Transport`'s. The token request is made with
+            aiohttp on a thread of its own; with ``token_session_args=None`` it follows
+            the client's ``proxy`` (a URL) and ``trust_env`` (``True`` unless given), as
+            httpx does.
+
+    Raises:
+        ConfigurationError: a bad argument; the message says which.
+    """
+
+
+class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
+    __doc__ = _API_KEY_DOC.format(base="HTTPXTransport", oauth2="OAuth2HTTPXTransport")
+
+    def execute(
+        self,
+        request: GraphQLRequest,
+        *,
+        extra_args: dict[str, Any] | None = None,
+        upload_files: bool = False,
+    ) -> ExecutionResult:
+        """Execute ``request`` with the API key; see gql's ``HTTPXTransport.execute``.
+
+        Raises:
+            ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
+        """
+        try:
+            answer = super().execute(request, extra_args=extra_args, upload_files=upload_files)
+        except TransportError as exc:
+            failure = api_key_failure(exc, self._secrets)
+        else:
+            return api_key_answer(answer, self._secrets)
+        raise failure
+
+    def execute_batch(
+        self,
+        reqs: list[GraphQLRequest],
+        extra_args: dict[str, Any] | None = None,
+    ) -> list[ExecutionResult]:
+        """Execute a batch with the API key; see gql's ``execute_batch``."""
+        try:
+            answers = super().execute_batch(reqs, extra_args=extra_args)
+        except TransportError as exc:
+            failure = api_key_failure(exc, self._secrets)
+        else:
+            return api_key_answer(answers, self._secrets)
+        raise failure
+
+
+class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
+    __doc__ = _API_KEY_DOC.format(base="HTTPXAsyncTransport", oauth2="OAuth2HTTPXAsyncTransport")
+
+    async def execute(
+        self,
+        request: GraphQLRequest,
+        *,
+        extra_args: dict[str, Any] | None = None,
+        upload_files: bool = False,
+    ) -> ExecutionResult:
+        """Execute ``request`` with the API key; see gql's ``HTTPXAsyncTransport.execute``.
+
+        Raises:
+            ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
+        """
+        try:
+            answer = await super().execute(
+                request, extra_args=extra_args, upload_files=upload_files
+            )
+        except TransportError as exc:
+            failure = api_key_failure(exc, self._secrets)
+        else:
+            return api_key_answer(answer, self._secrets)
+        raise failure
+
+    async def execute_batch(
+        self,
+        reqs: list[GraphQLRequest],
+        extra_args: dict[str, Any] | None = None,
+    ) -> list[ExecutionResult]:
+        """Execute a batch with the API key; see gql's ``execute_batch``."""
+        try:
+            answers = await super().execute_batch(reqs, extra_args=extra_args)
+        except TransportError as exc:
+            failure = api_key_failure(exc, self._secrets)
+        else:
+            return api_key_answer(answers, self._secrets)
+        raise failure
+
+
+class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
+    __doc__ = _OAUTH2_DOC.format(base="HTTPXTransport")
+
+    def execute(
+        self,
+        request: GraphQLRequest,
+        *,
+        extra_args: dict[str, Any] | None = None,
+        upload_files: bool = False,
+    ) -> ExecutionResult:
+        """Execute ``request`` with a valid token; see gql's ``HTTPXTransport.execute``.
+
+        Raises:
+            UnauthenticatedError: the service kept refusing renewed tokens, or refused a
+                request that is never sent twice.
+            TokenRequestError: no token could be obtained.
+        """
+        with exchange() as record:
+            try:
+                answer = super().execute(request, extra_args=extra_args, upload_files=upload_files)
+            except TransportError as exc:
+                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
+            else:
+                return oauth2_answer(answer, record.refused, self._secrets(record.secrets))
+        raise failure
+
+    def execute_batch(
+        self,
+        reqs: list[GraphQLRequest],
+        extra_args: dict[str, Any] | None = None,
+    ) -> list[ExecutionResult]:
+        """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
+        batch is sent again only when no operation of it can have run."""
+        with exchange() as record:
+            try:
+                answers = super().execute_batch(reqs, extra_args=extra_args)
+            except TransportError as exc:
+                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
+            else:
+                return oauth2_answer(answers, record.refused, self._secrets(record.secrets))
+        raise failure
+
+
+class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
+    __doc__ = _OAUTH2_DOC.format(base="HTTPXAsyncTransport")
+
+    async def execute(
+        self,
+        request: GraphQLRequest,
+        *,
+        extra_args: dict[str, Any] | None = None,
+        upload_files: bool = False,
+    ) -> ExecutionResult:
+        """Execute ``request`` with a valid token; see gql's ``HTTPXAsyncTransport.execute``.
+
+        Raises:
+            UnauthenticatedError: the service kept refusing renewed tokens, or refused a
+                request that is never sent twice.
+            TokenRequestError: no token could be obtained.
+        """
+        with exchange() as record:
+            try:
+                answer = await super().execute(
+                    request, extra_args=extra_args, upload_files=upload_files
+                )
+            except TransportError as exc:
+                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
+            else:
+                return oauth2_answer(answer, record.refused, self._secrets(record.secrets))
+        raise failure
+
+    async def execute_batch(
+        self,
+        reqs: list[GraphQLRequest],
+        extra_args: dict[str, Any] | None = None,
+    ) -> list[ExecutionResult]:
+        """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
+        batch is sent again only when no operation of it can have run."""
+        with exchange() as record:
+            try:
+                answers = await super().execute_batch(reqs, extra_args=extra_args)
+            except TransportError as exc:
+                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
+            else:
+                return oauth2_answer(answers, record.refused, self._secrets(record.secrets))
+        raise failure

@@ -1,0 +1,394 @@
+"""gql's requests transport, authenticating; and auth objects for plain requests code.
+
+Needs the ``[requests]`` extra: ``pip install 'gql-service-auth[requests]'``.
+
+- :class:`ApiKeyRequestsTransport` and :class:`OAuth2RequestsTransport` subclass gql's
+  ``RequestsHTTPTransport``: swap the class, keep every argument.
+- :class:`ApiKeyAuth` and :class:`OAuth2Auth` are ``requests.auth.AuthBase`` objects for
+  code that uses requests directly: ``session.auth = OAuth2Auth(...)``.
+
+The transports sign their requests with those auth objects, and turn what gql would
+report (an error wrapped in ``TransportConnectionFailed``, a refused answer) into the
+package's errors, with gql's bases, as the aiohttp transports raise them.
+"""
+
+from __future__ import annotations
+
+try:
+    from gql.transport.requests import RequestsHTTPTransport
+
+    from ._requests_auth import ApiKeyAuth, OAuth2Auth
+except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
+    raise ImportError(
+        "gql_service_auth.requests needs the requests extra: "
+        "pip install 'gql-service-auth[requests]'"
+    ) from exc
+
+import json
+import os
+import sys
+from collections.abc import Callable, Collection, Mapping, Sequence
+from http.cookiejar import CookieJar
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from gql.graphql_request import GraphQLRequest
+from gql.transport.exceptions import TransportError
+from graphql import ExecutionResult
+from yarl import URL
+
+from ._aiohttp_token_session import TokenSessionArgs
+from ._auth_objects import oauth2_rules
+from ._config import check_url, endpoint_or_env, given_or_env
+from ._constants import (
+    DEFAULT_EXPIRES_IN,
+    DEFAULT_MAX_RENEWALS,
+    DEFAULT_REFRESH_MARGIN,
+    ENV_AUTH_URL,
+    ENV_BASE_URL,
+    ENV_CLIENT_ID,
+    ENV_CLIENT_SECRET,
+    GRAPHQL_PATH,
+    TOKEN_PATH,
+)
+from ._errors import ConfigurationError
+from ._events import EventHook
+from ._fork import DropsClientInChild
+from ._gql import api_key_answer, api_key_failure, oauth2_answer, oauth2_failure
+from ._http_auth import exchange
+from ._oauth2 import ClientAuthMethod, RetryPolicy
+from ._redact import forgets_on_error
+from ._settings import store_from_env
+from ._store import TokenStore
+from ._token import AccessToken, Clock
+
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from typing import Self
+    else:
+        from typing_extensions import Self
+
+__all__ = ["ApiKeyAuth", "ApiKeyRequestsTransport", "OAuth2Auth", "OAuth2RequestsTransport"]
+
+_RETRY_CODES = RequestsHTTPTransport._default_retry_codes
+
+
+def _checked(url: str, headers: Mapping[str, Any] | None, auth: object, allow: bool) -> None:
+    if auth is not None:
+        raise ConfigurationError(
+            "auth= cannot be used with this transport: it signs its requests itself"
+        )
+    if headers and any(str(name).lower() == "authorization" for name in headers):
+        raise ConfigurationError(
+            "headers must not contain Authorization: the transport sets it on every request"
+        )
+    check_url(url, what="url", allow_insecure_http=allow)
+
+
+class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
+    """A gql ``RequestsHTTPTransport`` that authenticates with the service's API key.
+
+    Sends ``Authorization: SERVICE-API-KEY <client_id>:<client_secret>`` on every request,
+    through an :class:`ApiKeyAuth`. Credentials registered before 2024-05-13 cannot be
+    used this way: use :class:`OAuth2RequestsTransport` for them.
+
+    Args:
+        url: The GraphQL endpoint, ``{base_url}/graphql``.
+        headers, cookies, auth, use_json, timeout, verify, retries, method,
+            retry_backoff_factor, retry_status_forcelist, json_serialize,
+            json_deserialize, **kwargs: gql's ``RequestsHTTPTransport`` arguments, in
+            gql's order; ``auth`` must stay ``None``. ``retries`` makes urllib3 send a
+            request again on 429 and 5xx answers, mutations included: that is gql's.
+        client_id: The Client Id from the console.
+        client_secret: The Client Secret from the console; never shown.
+        allow_insecure_http: Allow a plain ``http://`` URL to a host that is not loopback.
+
+    Raises:
+        ConfigurationError: bad credentials, an unsafe URL, ``auth`` given, or an
+            ``Authorization`` entry in ``headers``.
+    """
+
+    @forgets_on_error
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, Any] | None = None,
+        cookies: dict[str, Any] | CookieJar | None = None,
+        auth: None = None,
+        use_json: bool = True,
+        timeout: int | None = None,
+        verify: bool | str = True,
+        retries: int = 0,
+        method: str = "POST",
+        retry_backoff_factor: float = 0.1,
+        retry_status_forcelist: Collection[int] = _RETRY_CODES,
+        json_serialize: Callable[..., str] = json.dumps,
+        json_deserialize: Callable[..., Any] = json.loads,
+        *,
+        client_id: str,
+        client_secret: str,
+        allow_insecure_http: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        signer = ApiKeyAuth(client_id, client_secret, allow_insecure_http=allow_insecure_http)
+        _checked(url, headers, auth, allow_insecure_http)
+        super().__init__(
+            url, headers, cookies, signer, use_json, timeout, verify, retries, method,
+            retry_backoff_factor, retry_status_forcelist, json_serialize, json_deserialize,
+            **kwargs,
+        )  # fmt: skip
+        self._secrets = signer._rules.secrets()
+        self._forget_client_in_children()
+
+    @classmethod
+    @forgets_on_error
+    def from_env(
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Build the transport from the ``SERVICE_*`` environment variables, as
+        :meth:`ApiKeyTransport.from_env <gql_service_auth.ApiKeyTransport.from_env>` does;
+        ``**kwargs`` go to the constructor."""
+        return cls(
+            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
+            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
+            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} url={getattr(self, 'url', None)!r}>"
+
+    def execute(
+        self,
+        request: GraphQLRequest,
+        timeout: int | None = None,
+        extra_args: dict[str, Any] | None = None,
+        upload_files: bool = False,
+    ) -> ExecutionResult:
+        """Execute ``request`` with the API key; see gql's ``RequestsHTTPTransport.execute``.
+
+        Raises:
+            ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
+        """
+        try:
+            answer = super().execute(
+                request, timeout=timeout, extra_args=extra_args, upload_files=upload_files
+            )
+        except TransportError as exc:
+            failure = api_key_failure(exc, self._secrets)
+        else:
+            return api_key_answer(answer, self._secrets)
+        raise failure
+
+    def execute_batch(
+        self,
+        reqs: list[GraphQLRequest],
+        timeout: int | None = None,
+        extra_args: dict[str, Any] | None = None,
+    ) -> list[ExecutionResult]:
+        """Execute a batch with the API key; see gql's ``execute_batch``.
+
+        Raises:
+            ApiKeyRejectedError: the service refused the key for any request of the batch.
+        """
+        try:
+            answers = super().execute_batch(reqs, timeout=timeout, extra_args=extra_args)
+        except TransportError as exc:
+            failure = api_key_failure(exc, self._secrets)
+        else:
+            return api_key_answer(answers, self._secrets)
+        raise failure
+
+
+class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
+    """A gql ``RequestsHTTPTransport`` that authenticates with OAuth 2.0 client credentials.
+
+    The same promises as :class:`~gql_service_auth.OAuth2Transport`, without an event
+    loop: one token fetch shared by every caller and thread, renewal ahead of expiry in
+    the background, and renewal and re-send when the service answers ``UNAUTHENTICATED``
+    (or HTTP 401 without a GraphQL body) to a request that ran nothing, up to
+    ``max_renewals`` times. Requests are signed by an :class:`OAuth2Auth`, inside
+    requests, so a re-send happens before gql reads the answer. An upload's body (gql's
+    ``MultipartEncoder``) cannot be sent twice: an upload asks for a token valid at
+    least ``refresh_margin`` seconds, and is never re-sent.
+
+    Args:
+        url: The GraphQL endpoint, ``{base_url}/graphql``.
+        headers, cookies, auth, use_json, timeout, verify, retries, method,
+            retry_backoff_factor, retry_status_forcelist, json_serialize,
+            json_deserialize, **kwargs: gql's ``RequestsHTTPTransport`` arguments, in
+            gql's order; ``auth`` must stay ``None``. ``verify`` applies to the token
+            endpoint too. ``retries`` makes urllib3 send a request again on 429 and 5xx
+            answers, mutations included: that is gql's, below any auth.
+        token_url, client_id, client_secret, scope, token_params, token_auth_method,
+            refresh_margin, default_expires_in, max_renewals, retry, on_event, clock,
+            allow_insecure_http, token_session_args, token_proxy, token_store: As
+            :class:`~gql_service_auth.OAuth2Transport`'s. The token request is made with
+            aiohttp on a thread of its own; with ``token_session_args=None`` it takes
+            proxies from the environment, as requests does, and the proxy of
+            ``proxies=`` (a keyword requests takes) for the token URL's scheme.
+
+    Raises:
+        ConfigurationError: a bad argument; the message says which.
+    """
+
+    @forgets_on_error
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, Any] | None = None,
+        cookies: dict[str, Any] | CookieJar | None = None,
+        auth: None = None,
+        use_json: bool = True,
+        timeout: int | None = None,
+        verify: bool | str = True,
+        retries: int = 0,
+        method: str = "POST",
+        retry_backoff_factor: float = 0.1,
+        retry_status_forcelist: Collection[int] = _RETRY_CODES,
+        json_serialize: Callable[..., str] = json.dumps,
+        json_deserialize: Callable[..., Any] = json.loads,
+        *,
+        token_url: str | URL,
+        client_id: str,
+        client_secret: str,
+        scope: str | Sequence[str] | None = None,
+        token_params: Mapping[str, str] | None = None,
+        token_auth_method: ClientAuthMethod = "client_secret_post",
+        refresh_margin: float = DEFAULT_REFRESH_MARGIN,
+        default_expires_in: float = DEFAULT_EXPIRES_IN,
+        max_renewals: int = DEFAULT_MAX_RENEWALS,
+        retry: RetryPolicy | None = None,
+        on_event: EventHook | None = None,
+        clock: Clock | None = None,
+        allow_insecure_http: bool = False,
+        token_session_args: TokenSessionArgs | None = None,
+        token_proxy: str | URL | None = None,
+        token_store: TokenStore | None = None,
+        **kwargs: Any,
+    ) -> None:
+        _checked(url, headers, auth, allow_insecure_http)
+        inherited: dict[str, Any] = {"trust_env": True}
+        proxies = kwargs.get("proxies")
+        if isinstance(proxies, Mapping):
+            scheme = urlsplit(str(token_url)).scheme
+            proxy = proxies.get(scheme) or proxies.get("all")
+            if proxy:
+                inherited["proxy"] = proxy
+        rules = oauth2_rules(
+            token_url,
+            client_id,
+            client_secret,
+            scope=scope,
+            token_params=token_params,
+            token_auth_method=token_auth_method,
+            refresh_margin=refresh_margin,
+            default_expires_in=default_expires_in,
+            max_renewals=max_renewals,
+            retry=retry,
+            on_event=on_event,
+            clock=clock,
+            allow_insecure_http=allow_insecure_http,
+            verify=verify,
+            token_session_args=token_session_args,
+            token_proxy=token_proxy,
+            token_store=token_store,
+            inherited=inherited,
+            inherited_from="proxies",
+        )
+        signer = OAuth2Auth._of(token_url, rules)
+        super().__init__(
+            url, headers, cookies, signer, use_json, timeout, verify, retries, method,
+            retry_backoff_factor, retry_status_forcelist, json_serialize, json_deserialize,
+            **kwargs,
+        )  # fmt: skip
+        self.token_url = token_url
+        self._rules = rules
+        self._forget_client_in_children()
+
+    @classmethod
+    @forgets_on_error
+    def from_env(
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        url: str | None = None,
+        token_url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Build the transport from the ``SERVICE_*`` environment variables, as
+        :meth:`OAuth2Transport.from_env <gql_service_auth.OAuth2Transport.from_env>` does
+        (``SERVICE_TOKEN_STORE_URL`` included); ``**kwargs`` go to the constructor."""
+        if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
+            kwargs["token_store"] = store
+        return cls(
+            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
+            token_url=endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
+            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
+            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} url={getattr(self, 'url', None)!r}>"
+
+    @property
+    def token(self) -> AccessToken | None:
+        """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
+        return self._rules.tokens.token
+
+    def execute(
+        self,
+        request: GraphQLRequest,
+        timeout: int | None = None,
+        extra_args: dict[str, Any] | None = None,
+        upload_files: bool = False,
+    ) -> ExecutionResult:
+        """Execute ``request`` with a valid token; see gql's ``RequestsHTTPTransport.execute``.
+
+        Raises:
+            UnauthenticatedError: the service kept refusing renewed tokens, or refused a
+                request that is never sent twice: an upload, an answer with data, or a
+                mutation refused while it ran.
+            TokenRequestError: no token could be obtained.
+        """
+        with exchange() as record:
+            try:
+                answer = super().execute(
+                    request, timeout=timeout, extra_args=extra_args, upload_files=upload_files
+                )
+            except TransportError as exc:
+                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
+            else:
+                return oauth2_answer(answer, record.refused, self._secrets(record.secrets))
+        raise failure
+
+    def execute_batch(
+        self,
+        reqs: list[GraphQLRequest],
+        timeout: int | None = None,
+        extra_args: dict[str, Any] | None = None,
+    ) -> list[ExecutionResult]:
+        """Execute a batch with a valid token; see gql's ``execute_batch``.
+
+        A refused batch is sent again only when no operation of it can have run.
+        """
+        with exchange() as record:
+            try:
+                answers = super().execute_batch(reqs, timeout=timeout, extra_args=extra_args)
+            except TransportError as exc:
+                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
+            else:
+                return oauth2_answer(answers, record.refused, self._secrets(record.secrets))
+        raise failure
+
+    def _secrets(self, tokens: list[str]) -> list[str]:
+        return [self._rules.credentials.client_secret, *tokens]

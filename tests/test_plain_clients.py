@@ -1,0 +1,138 @@
+"""The auth objects on plain requests and httpx (and httpx2) clients, without gql."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from typing import Any
+
+import httpx
+import pytest
+import requests
+from gql import Client
+from support import COUNT, NO_WAIT, finish, in_child, poll, start_thread
+
+from gql_service_auth import ConfigurationError, TokenRequestError
+from gql_service_auth import httpx as service_httpx
+from gql_service_auth import requests as service_requests
+from gql_service_auth.emulator import Emulator
+
+QUERY = {"query": "{ carriers(first: 1) { totalCount } }"}
+ANSWER = {"data": {"carriers": {"totalCount": 25}}}
+
+# httpx, and httpx2 where installed (noxfile.py leaves it out on one Python).
+MODULES = [httpx]
+if importlib.util.find_spec("httpx2") is not None:
+    import httpx2
+
+    MODULES.append(httpx2)
+
+
+def test_a_requests_session_renews_a_revoked_token_and_sends_again(emulator: Emulator) -> None:
+    with requests.Session() as session:
+        session.auth = service_requests.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+        assert session.post(emulator.graphql_url, json=QUERY).json() == ANSWER
+        emulator.revoke_tokens()
+        answer = session.post(emulator.graphql_url, json=QUERY)
+    assert answer.json() == ANSWER
+    assert [r.status_code for r in answer.history] == [200]  # the refused answer
+    assert emulator.counters.token_requests == 2
+    assert "Bearer" in answer.request.headers["Authorization"]
+
+
+def test_a_requests_session_sends_the_api_key(emulator: Emulator) -> None:
+    with requests.Session() as session:
+        session.auth = service_requests.ApiKeyAuth.from_env(emulator.environ())
+        assert session.post(emulator.graphql_url, json=QUERY).json() == ANSWER
+    assert emulator.counters.token_requests == 0
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda module: module.__name__)
+def test_an_httpx_client_renews_a_revoked_token_and_sends_again(
+    emulator: Emulator, module: Any
+) -> None:
+    auth = service_httpx.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+    with module.Client(auth=auth) as client:
+        assert client.post(emulator.graphql_url, json=QUERY).json() == ANSWER
+        emulator.revoke_tokens()
+        answer = client.post(emulator.graphql_url, json=QUERY)
+    assert answer.json() == ANSWER
+    assert len(answer.history) == 1
+    assert emulator.counters.token_requests == 2
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda module: module.__name__)
+def test_an_async_httpx_client_and_a_sync_one_share_the_auth_and_its_token(
+    emulator: Emulator, module: Any
+) -> None:
+    auth = service_httpx.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+
+    async def ask() -> Any:
+        async with module.AsyncClient(auth=auth) as client:
+            return (await client.post(emulator.graphql_url, json=QUERY)).json()
+
+    assert asyncio.run(ask()) == ANSWER
+    with module.Client(auth=service_httpx.ApiKeyAuth.from_env(emulator.environ())) as client:
+        assert client.post(emulator.graphql_url, json=QUERY).json() == ANSWER
+    with module.Client(auth=auth) as client:
+        assert client.post(emulator.graphql_url, json=QUERY).json() == ANSWER
+    assert emulator.counters.token_requests == 1
+
+
+def test_credentials_never_go_over_plain_http_to_another_host(emulator: Emulator) -> None:
+    auth = service_httpx.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+    sent: list[object] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=ANSWER)
+
+    with (
+        httpx.Client(auth=auth, transport=httpx.MockTransport(record)) as client,
+        pytest.raises(ConfigurationError, match=r"over http to api\.example\.com"),
+    ):
+        client.post("http://api.example.com/graphql", json=QUERY)
+    with pytest.raises(ConfigurationError, match="http"):
+        requests.Request(
+            "POST",
+            "http://api.example.com/graphql",
+            json=QUERY,
+            auth=service_requests.ApiKeyAuth.from_env(emulator.environ()),
+        ).prepare()
+    assert sent == []
+    assert emulator.counters.token_requests == 0
+
+
+def test_a_failed_token_request_is_raised_to_plain_clients_as_it_is(emulator: Emulator) -> None:
+    environ = emulator.environ() | {"SERVICE_CLIENT_SECRET": "wrong"}
+    auth = service_requests.OAuth2Auth.from_env(environ, retry=NO_WAIT)
+    with requests.Session() as session:
+        session.auth = auth
+        with pytest.raises(TokenRequestError):
+            session.post(emulator.graphql_url, json=QUERY)
+    assert emulator.counters.graphql_requests == 0
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        service_requests.OAuth2RequestsTransport.from_env,
+        service_httpx.OAuth2HTTPXTransport.from_env,
+    ],
+    ids=["requests", "httpx"],
+)
+def test_a_child_forked_while_the_parent_fetches_gets_a_token_of_its_own(
+    emulator: Emulator, build: Any
+) -> None:
+    transport = build(emulator.environ(), retry=NO_WAIT)
+    emulator.token_latency = 0.5
+    parent = start_thread(lambda: Client(transport=transport).execute(COUNT))
+    assert poll(lambda: emulator.counters.token_requests == 1)
+
+    def child() -> None:
+        # The parent's fetch and its thread are not here: waiting on them would hang.
+        assert Client(transport=transport).execute(COUNT) == ANSWER["data"]
+
+    assert in_child(child, timeout=20) == (0, "ok")
+    assert finish(parent) == ANSWER["data"]
+    assert emulator.counters.token_requests == 2

@@ -1,0 +1,260 @@
+"""The same promises on gql's requests and httpx transports (sync, asyncio, trio).
+
+Each test runs on every way of ``ways.WAYS``, through gql's client, against the emulator
+on 127.0.0.1, and checks what the service saw (its counters) and what the caller got.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from gql import Client, FileVar, GraphQLRequest
+from gql.transport.exceptions import (
+    TransportConnectionFailed,
+    TransportQueryError,
+    TransportServerError,
+)
+from support import COUNT, NO_WAIT, ONE_ATTEMPT, RENAME, UPLOAD, bare_401s, shown, upload
+from ways import WAYS, Call, Way, calls
+
+from gql_service_auth import (
+    ApiKeyRejectedError,
+    ApiKeyRejectedHTTPError,
+    AuthEvent,
+    TokenRequestError,
+    UnauthenticatedError,
+    UnauthenticatedHTTPError,
+)
+from gql_service_auth.emulator import Emulator, ManualClock
+
+ANSWER = {"carriers": {"totalCount": 25}}
+
+
+@pytest.fixture(params=WAYS, ids=lambda way: way.name)
+def way(request: pytest.FixtureRequest) -> Way:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def oauth2(
+    emulator: Emulator, clock: ManualClock, events: list[AuthEvent], way: Way
+) -> Callable[..., Any]:
+    def make(**kwargs: Any) -> Any:
+        client = kwargs.pop("client", emulator.recent_client)
+        kwargs.setdefault("retry", NO_WAIT)
+        kwargs.setdefault("clock", clock)
+        kwargs.setdefault("on_event", events.append)
+        return way.oauth2(
+            emulator.graphql_url,
+            token_url=emulator.token_url,
+            client_id=client.client_id,
+            client_secret=kwargs.pop("client_secret", client.client_secret),
+            **kwargs,
+        )
+
+    return make
+
+
+def answers(results: list[object]) -> list[object]:
+    """``results``, with any exception raised so the test shows it."""
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def test_concurrent_callers_share_one_token_fetch(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    emulator.token_latency = 0.2  # every caller arrives while the fetch is under way
+    assert answers(way.run(oauth2(), calls(COUNT, 8))) == [ANSWER] * 8
+    assert emulator.counters.token_requests == 1
+
+
+def test_revoked_token_is_renewed_once_and_the_requests_sent_again(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    transport = oauth2()
+    way.one(transport, Call(COUNT))
+    emulator.revoke_tokens()
+    assert answers(way.run(transport, calls(COUNT, 6))) == [ANSWER] * 6
+    counters = emulator.counters
+    assert counters.token_requests == 2
+    # Each request refused (all of them, or those sent before the renewal landed) went
+    # again once, with the one renewed token.
+    assert counters.unauthenticated_responses >= 1
+    assert counters.graphql_requests == 1 + 6 + counters.unauthenticated_responses
+
+
+def test_token_is_renewed_ahead_of_expiry_without_a_refusal(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator, clock: ManualClock
+) -> None:
+    emulator.token_ttl = 100
+    transport = oauth2(refresh_margin=10)
+    way.one(transport, Call(COUNT))
+    clock.advance(95)
+    way.one(transport, Call(COUNT))  # starts the renewal, sent with the current token
+    clock.advance(10)  # past the first token's expiry
+    way.one(transport, Call(COUNT))
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.unauthenticated_responses == 0
+
+
+def test_a_mutation_refused_while_it_ran_is_never_sent_twice(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    transport = oauth2()
+    emulator.refuse_fields(1)
+    with pytest.raises(UnauthenticatedError, match="may have changed something"):
+        way.one(transport, Call(RENAME))
+    assert emulator.counters.mutations_run == 1
+    assert emulator.counters.graphql_requests == 1
+    assert way.one(transport, Call(COUNT)) == ANSWER  # the next call renews
+
+
+def test_a_query_refused_while_it_ran_is_sent_again(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    emulator.refuse_fields(1)
+    assert way.one(oauth2(), Call(COUNT)) == ANSWER
+    assert emulator.counters.graphql_requests == 2
+
+
+def test_a_batch_refused_before_it_ran_is_sent_again_whole(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    transport = oauth2()
+    way.one(transport, Call(COUNT))
+    emulator.revoke_tokens()
+    batch = [GraphQLRequest(COUNT), GraphQLRequest(COUNT)]
+    assert way.one(transport, Call(batch)) == [ANSWER, ANSWER]
+    assert emulator.counters.token_requests == 2
+
+
+def test_a_refused_upload_is_sent_again_whole_or_not_at_all(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    # timeout: were a body that cannot be rewound sent again, it would hang until it.
+    transport = oauth2(timeout=10) if way.name == "requests" else oauth2()
+    way.one(transport, Call(COUNT))
+    emulator.revoke_tokens()
+    data = b"0123456789" * 1000
+    sending = Call(upload(data), {"upload_files": True})
+    if way.replays_uploads:  # httpx seeks the file back: the re-send is whole
+        assert way.one(transport, sending) == {
+            "uploadDocument": {"filename": "note.txt", "size": len(data)}
+        }
+    else:  # gql's MultipartEncoder cannot be rewound: the token is dropped, no re-send
+        with pytest.raises(UnauthenticatedError, match="uploads files"):
+            way.one(transport, sending)
+        assert emulator.counters.graphql_requests == 2
+        assert way.one(transport, Call(upload(data), {"upload_files": True})) == {
+            "uploadDocument": {"filename": "note.txt", "size": len(data)}
+        }
+    assert emulator.counters.mutations_run == 1
+
+
+class _OneWay(io.RawIOBase):
+    """A file that reads once and cannot seek, as a pipe or a socket."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        size = min(len(buffer), len(self._data))
+        buffer[:size], self._data = self._data[:size], self._data[size:]
+        return size
+
+
+@pytest.mark.parametrize("way", [w for w in WAYS if w.replays_uploads], ids=lambda w: w.name)
+def test_an_upload_that_cannot_seek_is_never_sent_again_empty(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    transport = oauth2()
+    way.one(transport, Call(COUNT))
+    emulator.revoke_tokens()
+    file = FileVar(_OneWay(b"x" * 5000), filename="pipe.bin")
+    request = GraphQLRequest(UPLOAD, variable_values={"file": file})
+    with pytest.raises(UnauthenticatedError, match="uploads files"):
+        way.one(transport, Call(request, {"upload_files": True}))
+    assert emulator.counters.graphql_requests == 2
+    assert emulator.counters.mutations_run == 0
+
+
+def test_renewals_are_bounded_and_end_with_gqls_401_error(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    bare_401s(emulator)
+    emulator.refuse_all_tokens = True
+    with pytest.raises(UnauthenticatedHTTPError) as caught:
+        way.one(oauth2(max_renewals=2), Call(COUNT))
+    assert isinstance(caught.value, TransportQueryError)
+    assert isinstance(caught.value, TransportServerError)
+    assert caught.value.code == 401
+    assert emulator.counters.graphql_requests == 3
+
+
+def test_a_token_endpoint_failure_is_a_token_request_error_not_a_connection_failure(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    with pytest.raises(TokenRequestError) as caught:
+        way.one(oauth2(client_secret="wrong-secret", retry=ONE_ATTEMPT), Call(COUNT))
+    assert not isinstance(caught.value, TransportConnectionFailed)
+    assert isinstance(caught.value, TransportQueryError)  # what except clauses catch
+    assert emulator.counters.graphql_requests == 0
+
+
+def test_the_callers_own_authorization_is_sent_as_it_is_and_never_again(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    own = Call(COUNT, {"extra_args": {"headers": {"Authorization": "Bearer not-ours"}}})
+    with pytest.raises(TransportQueryError) as caught:
+        way.one(oauth2(), own)
+    assert not isinstance(caught.value, UnauthenticatedError)
+    assert emulator.counters.token_requests == 0
+    assert emulator.counters.graphql_requests == 1
+
+
+def test_api_key_is_sent_and_a_refused_one_explained(way: Way, emulator: Emulator) -> None:
+    def api_key(client: Any) -> Any:
+        return way.api_key(
+            emulator.graphql_url, client_id=client.client_id, client_secret=client.client_secret
+        )
+
+    assert way.one(api_key(emulator.recent_client), Call(COUNT)) == ANSWER
+    with pytest.raises(ApiKeyRejectedError, match="2024-05-13"):
+        way.one(api_key(emulator.legacy_client), Call(COUNT))
+    bare_401s(emulator)
+    with pytest.raises(ApiKeyRejectedHTTPError) as caught:
+        way.one(api_key(emulator.legacy_client), Call(COUNT))
+    assert caught.value.code == 401
+    assert emulator.counters.token_requests == 0
+
+
+def test_no_secret_shows_in_a_server_error(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    transport = oauth2()
+    way.one(transport, Call(COUNT))
+    emulator.fail_graphql_requests(1, 500, body="upstream failed")
+    with pytest.raises(TransportServerError) as caught:
+        way.one(transport, Call(COUNT))
+    token = transport.token.value
+    assert shown(caught.value, [token, emulator.recent_client.client_secret]) == []
+
+
+@pytest.mark.parametrize("way", [w for w in WAYS if w.loop is None], ids=lambda w: w.name)
+def test_a_sync_call_works_where_an_event_loop_runs(way: Way, oauth2: Callable[..., Any]) -> None:
+    """As in Jupyter, whose cells run inside a running asyncio loop."""
+    import asyncio
+
+    async def cell() -> object:
+        return Client(transport=oauth2()).execute(COUNT)
+
+    assert asyncio.run(cell()) == ANSWER
