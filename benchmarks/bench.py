@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import _stacks
 import aiohttp
 from _load import query_until
 from gql import Client, gql
@@ -1195,6 +1196,19 @@ def store_contender() -> Iterator[Factory | None]:
             server.stop()
 
 
+def other_stacks(sizes: Sizes) -> dict[str, Any]:
+    """Figure 11 (see ``_stacks.py``): the lean server for CPU, then a 50 ms token endpoint
+    for the herd."""
+    callers = min(50, sizes.stampede)
+    with lean_server() as server:
+        urls = (server.base_url + "/graphql", server.base_url + "/oauth2/token")
+        per_request = _stacks.per_request(*urls, sizes.requests, sizes.rounds * 4)
+    with lean_server(token_latency=0.05) as server:
+        urls = (server.base_url + "/graphql", server.base_url + "/oauth2/token")
+        herd = _stacks.herd(*urls, callers, lambda: server.stats()["token_requests"])
+    return {"per request": per_request, "herd": herd, "callers": callers}
+
+
 async def run(sizes: Sizes, *, compare: bool, only: str | None = None) -> dict[str, Any]:
     with store_contender() as with_store:
         return await _run(sizes, compare=compare, only=only, with_store=with_store)
@@ -1224,6 +1238,8 @@ async def _run(
         ("6 scaling", lambda: scaling(sizes)),
         # On a thread of its own: it runs event loops of its own, as sync callers do.
         ("8 renewal latency", lambda: asyncio.to_thread(renewal_latency, sizes)),
+        # On a thread of its own too: sync stacks, and asyncio.run for the async one.
+        ("11 other stacks", lambda: asyncio.to_thread(other_stacks, sizes)),
     ]
     # Subprocess figures, run after the others (nothing else runs while they time imports).
     blocking: list[tuple[str, Callable[[], dict[str, Any]]]] = [
@@ -1258,6 +1274,7 @@ def print_table(figures: dict[str, Any]) -> None:
         ("8 renewal latency", _print_renewal_latency),
         ("9 fleet", _print_fleet),
         ("10 revocation", _print_revocation),
+        ("11 other stacks", lambda figures: _stacks.print_figure(figures["11 other stacks"])),
     ):
         if name in figures:
             print()
@@ -1450,7 +1467,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
     parser.add_argument(
-        "--only", choices=[str(n) for n in range(1, 11)], help="run only this figure's number"
+        "--only", choices=[str(n) for n in range(1, 12)], help="run only this figure's number"
     )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()

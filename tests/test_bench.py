@@ -32,8 +32,8 @@ def figures() -> dict[str, Any]:
     return result
 
 
-def test_all_ten_figures_are_reported(figures: dict[str, Any]) -> None:
-    """Each of the ten figures is in the output."""
+def test_all_eleven_figures_are_reported(figures: dict[str, Any]) -> None:
+    """Each of the eleven figures is in the output."""
     for key in (
         "1 overhead",
         "1 layer cost",
@@ -46,8 +46,17 @@ def test_all_ten_figures_are_reported(figures: dict[str, Any]) -> None:
         "8 renewal latency",
         "9 fleet",
         "10 revocation",
+        "11 other stacks",
     ):
         assert key in figures
+
+
+def test_every_other_stack_shares_one_token_fetch_in_a_herd(figures: dict[str, Any]) -> None:
+    """Figure 11's herd: concurrent callers on a cold token, on requests and httpx."""
+    herd = figures["11 other stacks"]["herd"]
+    assert set(herd) == {"requests", "httpx", "httpx async"}
+    for row in herd.values():
+        assert row == {"token_requests": 1, "failed": 0}
 
 
 def test_fleet_revocation_counts(figures: dict[str, Any], redis_binary: str) -> None:
