@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+from gql.transport.exceptions import TransportError
 from graphql import GraphQLError, parse
 
 from ._config import is_loopback
@@ -30,10 +31,18 @@ from ._credentials import ClientCredentials
 from ._errors import ConfigurationError
 from ._events import Emitter
 from ._flow import Refused
-from ._gql import runs_query
+from ._gql import (
+    api_key_answer,
+    api_key_failure,
+    oauth2_answer,
+    oauth2_failure,
+    runs_query,
+)
 from ._refusal import BARE_401, Answer, RequestFacts
 from ._token import AccessToken
 from ._tokens import TokenManager
+
+_T = TypeVar("_T")
 
 _MARK: Final = UNAUTHENTICATED.encode()
 
@@ -241,3 +250,57 @@ def tell_refused(outcome: Refused[Any]) -> None:
     record = _EXCHANGE.get()
     if record is not None:
         record.refused = outcome
+
+
+# The calls of gql's requests and httpx transports, wrapped: each runs gql's own method
+# with an Exchange open, and raises what the package raises (see _gql.py).
+
+
+def oauth2_call(call: Callable[[], _T], secrets: Callable[[list[str]], list[str]]) -> _T:
+    """``call()`` (gql's ``execute`` or ``execute_batch``) of an OAuth2 transport:
+    its answer, or the package's error. ``secrets`` gives what answers may quote, from
+    the tokens the call sent."""
+    with exchange() as record:
+        try:
+            answer = call()
+        except TransportError as exc:
+            failure = oauth2_failure(exc, record.refused, secrets(record.secrets))
+        else:
+            return oauth2_answer(answer, record.refused, secrets(record.secrets))
+    raise failure  # outside the except block: gql's wrapper stays out of our error's chain
+
+
+async def oauth2_call_async(
+    call: Callable[[], Awaitable[_T]], secrets: Callable[[list[str]], list[str]]
+) -> _T:
+    """:func:`oauth2_call` for an async transport."""
+    with exchange() as record:
+        try:
+            answer = await call()
+        except TransportError as exc:
+            failure = oauth2_failure(exc, record.refused, secrets(record.secrets))
+        else:
+            return oauth2_answer(answer, record.refused, secrets(record.secrets))
+    raise failure
+
+
+def api_key_call(call: Callable[[], _T], secrets: list[str]) -> _T:
+    """``call()`` of an API key transport: its answer, or the package's error."""
+    try:
+        answer = call()
+    except TransportError as exc:
+        failure = api_key_failure(exc, secrets)
+    else:
+        return api_key_answer(answer, secrets)
+    raise failure
+
+
+async def api_key_call_async(call: Callable[[], Awaitable[_T]], secrets: list[str]) -> _T:
+    """:func:`api_key_call` for an async transport."""
+    try:
+        answer = await call()
+    except TransportError as exc:
+        failure = api_key_failure(exc, secrets)
+    else:
+        return api_key_answer(answer, secrets)
+    raise failure

@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ._config import check_seconds
-from ._constants import ENV_TOKEN_STORE_URL, FETCH_GRACE
+from ._config import check_seconds, endpoint_or_env, given_or_env
+from ._constants import (
+    ENV_AUTH_URL,
+    ENV_BASE_URL,
+    ENV_CLIENT_ID,
+    ENV_CLIENT_SECRET,
+    ENV_TOKEN_STORE_URL,
+    FETCH_GRACE,
+    GRAPHQL_PATH,
+    TOKEN_PATH,
+)
 from ._credentials import ClientCredentials
 from ._errors import ConfigurationError
 from ._events import Emitter
@@ -121,3 +130,39 @@ def token_manager(
         emit=emit,
         source=source,
     )
+
+
+def api_key_env(
+    environ: Mapping[str, str],
+    *,
+    url: str | None,
+    client_id: str | None,
+    client_secret: str | None,
+) -> dict[str, Any]:
+    """An API key transport's ``from_env`` arguments: the endpoint and the credentials, each
+    given by keyword or read from its ``SERVICE_*`` variable."""
+    return {
+        "url": endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
+        "client_id": given_or_env(environ, client_id, ENV_CLIENT_ID),
+        "client_secret": given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+    }
+
+
+def oauth2_env(
+    environ: Mapping[str, str],
+    kwargs: dict[str, Any],
+    *,
+    url: str | None,
+    token_url: str | None,
+    client_id: str | None,
+    client_secret: str | None,
+) -> dict[str, Any]:
+    """An OAuth2 transport's ``from_env`` arguments, ``kwargs`` included: with the token
+    URL, and the store ``SERVICE_TOKEN_STORE_URL`` names unless ``kwargs`` has one."""
+    if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
+        kwargs = {**kwargs, "token_store": store}
+    return {
+        **api_key_env(environ, url=url, client_id=client_id, client_secret=client_secret),
+        "token_url": endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
+        **kwargs,
+    }

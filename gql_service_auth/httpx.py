@@ -35,32 +35,30 @@ from ssl import SSLContext
 from typing import TYPE_CHECKING, Any
 
 from gql.graphql_request import GraphQLRequest
-from gql.transport.exceptions import TransportError
 from graphql import ExecutionResult
 from yarl import URL
 
 from ._aiohttp_token_session import TokenSessionArgs
 from ._auth_objects import oauth2_rules
-from ._config import check_url, endpoint_or_env, given_or_env
+from ._config import check_url
 from ._constants import (
     DEFAULT_EXPIRES_IN,
     DEFAULT_MAX_RENEWALS,
     DEFAULT_REFRESH_MARGIN,
-    ENV_AUTH_URL,
-    ENV_BASE_URL,
-    ENV_CLIENT_ID,
-    ENV_CLIENT_SECRET,
-    GRAPHQL_PATH,
-    TOKEN_PATH,
 )
 from ._errors import ConfigurationError
 from ._events import EventHook
 from ._fork import DropsClientInChild
-from ._gql import api_key_answer, api_key_failure, oauth2_answer, oauth2_failure
-from ._http_auth import OAuth2Rules, exchange
+from ._http_auth import (
+    OAuth2Rules,
+    api_key_call,
+    api_key_call_async,
+    oauth2_call,
+    oauth2_call_async,
+)
 from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import forgets_on_error
-from ._settings import store_from_env
+from ._settings import api_key_env, oauth2_env
 from ._store import TokenStore
 from ._token import AccessToken, Clock
 
@@ -134,12 +132,8 @@ class _ApiKeySettings(DropsClientInChild):
         """Build the transport from the ``SERVICE_*`` environment variables, as
         :meth:`ApiKeyTransport.from_env <gql_service_auth.ApiKeyTransport.from_env>` does;
         ``**kwargs`` go to the constructor."""
-        return cls(
-            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
-            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
-            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
-            **kwargs,
-        )
+        settings = api_key_env(environ, url=url, client_id=client_id, client_secret=client_secret)
+        return cls(**settings, **kwargs)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
@@ -224,14 +218,15 @@ class _OAuth2Settings(DropsClientInChild):
         """Build the transport from the ``SERVICE_*`` environment variables, as
         :meth:`OAuth2Transport.from_env <gql_service_auth.OAuth2Transport.from_env>` does
         (``SERVICE_TOKEN_STORE_URL`` included); ``**kwargs`` go to the constructor."""
-        if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
-            kwargs["token_store"] = store
         return cls(
-            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
-            token_url=endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
-            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
-            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
-            **kwargs,
+            **oauth2_env(
+                environ,
+                kwargs,
+                url=url,
+                token_url=token_url,
+                client_id=client_id,
+                client_secret=client_secret,
+            )
         )
 
     def __repr__(self) -> str:
@@ -309,13 +304,11 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
-        try:
-            answer = super().execute(request, extra_args=extra_args, upload_files=upload_files)
-        except TransportError as exc:
-            failure = api_key_failure(exc, self._secrets)
-        else:
-            return api_key_answer(answer, self._secrets)
-        raise failure
+        parent = super().execute
+        return api_key_call(
+            lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
+            self._secrets,
+        )
 
     def execute_batch(
         self,
@@ -323,13 +316,8 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         extra_args: dict[str, Any] | None = None,
     ) -> list[ExecutionResult]:
         """Execute a batch with the API key; see gql's ``execute_batch``."""
-        try:
-            answers = super().execute_batch(reqs, extra_args=extra_args)
-        except TransportError as exc:
-            failure = api_key_failure(exc, self._secrets)
-        else:
-            return api_key_answer(answers, self._secrets)
-        raise failure
+        parent = super().execute_batch
+        return api_key_call(lambda: parent(reqs, extra_args=extra_args), self._secrets)
 
 
 class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
@@ -347,15 +335,11 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
-        try:
-            answer = await super().execute(
-                request, extra_args=extra_args, upload_files=upload_files
-            )
-        except TransportError as exc:
-            failure = api_key_failure(exc, self._secrets)
-        else:
-            return api_key_answer(answer, self._secrets)
-        raise failure
+        parent = super().execute
+        return await api_key_call_async(
+            lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
+            self._secrets,
+        )
 
     async def execute_batch(
         self,
@@ -363,13 +347,8 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         extra_args: dict[str, Any] | None = None,
     ) -> list[ExecutionResult]:
         """Execute a batch with the API key; see gql's ``execute_batch``."""
-        try:
-            answers = await super().execute_batch(reqs, extra_args=extra_args)
-        except TransportError as exc:
-            failure = api_key_failure(exc, self._secrets)
-        else:
-            return api_key_answer(answers, self._secrets)
-        raise failure
+        parent = super().execute_batch
+        return await api_key_call_async(lambda: parent(reqs, extra_args=extra_args), self._secrets)
 
 
 class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
@@ -389,14 +368,11 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
                 request that is never sent twice.
             TokenRequestError: no token could be obtained.
         """
-        with exchange() as record:
-            try:
-                answer = super().execute(request, extra_args=extra_args, upload_files=upload_files)
-            except TransportError as exc:
-                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
-            else:
-                return oauth2_answer(answer, record.refused, self._secrets(record.secrets))
-        raise failure
+        parent = super().execute
+        return oauth2_call(
+            lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
+            self._secrets,
+        )
 
     def execute_batch(
         self,
@@ -405,14 +381,8 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
     ) -> list[ExecutionResult]:
         """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
         batch is sent again only when no operation of it can have run."""
-        with exchange() as record:
-            try:
-                answers = super().execute_batch(reqs, extra_args=extra_args)
-            except TransportError as exc:
-                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
-            else:
-                return oauth2_answer(answers, record.refused, self._secrets(record.secrets))
-        raise failure
+        parent = super().execute_batch
+        return oauth2_call(lambda: parent(reqs, extra_args=extra_args), self._secrets)
 
 
 class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
@@ -432,16 +402,11 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
                 request that is never sent twice.
             TokenRequestError: no token could be obtained.
         """
-        with exchange() as record:
-            try:
-                answer = await super().execute(
-                    request, extra_args=extra_args, upload_files=upload_files
-                )
-            except TransportError as exc:
-                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
-            else:
-                return oauth2_answer(answer, record.refused, self._secrets(record.secrets))
-        raise failure
+        parent = super().execute
+        return await oauth2_call_async(
+            lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
+            self._secrets,
+        )
 
     async def execute_batch(
         self,
@@ -450,11 +415,5 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
     ) -> list[ExecutionResult]:
         """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
         batch is sent again only when no operation of it can have run."""
-        with exchange() as record:
-            try:
-                answers = await super().execute_batch(reqs, extra_args=extra_args)
-            except TransportError as exc:
-                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
-            else:
-                return oauth2_answer(answers, record.refused, self._secrets(record.secrets))
-        raise failure
+        parent = super().execute_batch
+        return await oauth2_call_async(lambda: parent(reqs, extra_args=extra_args), self._secrets)

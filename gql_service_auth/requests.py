@@ -33,32 +33,24 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from gql.graphql_request import GraphQLRequest
-from gql.transport.exceptions import TransportError
 from graphql import ExecutionResult
 from yarl import URL
 
 from ._aiohttp_token_session import TokenSessionArgs
 from ._auth_objects import oauth2_rules
-from ._config import check_url, endpoint_or_env, given_or_env
+from ._config import check_url
 from ._constants import (
     DEFAULT_EXPIRES_IN,
     DEFAULT_MAX_RENEWALS,
     DEFAULT_REFRESH_MARGIN,
-    ENV_AUTH_URL,
-    ENV_BASE_URL,
-    ENV_CLIENT_ID,
-    ENV_CLIENT_SECRET,
-    GRAPHQL_PATH,
-    TOKEN_PATH,
 )
 from ._errors import ConfigurationError
 from ._events import EventHook
 from ._fork import DropsClientInChild
-from ._gql import api_key_answer, api_key_failure, oauth2_answer, oauth2_failure
-from ._http_auth import exchange
+from ._http_auth import api_key_call, oauth2_call
 from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import forgets_on_error
-from ._settings import store_from_env
+from ._settings import api_key_env, oauth2_env
 from ._store import TokenStore
 from ._token import AccessToken, Clock
 
@@ -154,12 +146,8 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         """Build the transport from the ``SERVICE_*`` environment variables, as
         :meth:`ApiKeyTransport.from_env <gql_service_auth.ApiKeyTransport.from_env>` does;
         ``**kwargs`` go to the constructor."""
-        return cls(
-            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
-            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
-            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
-            **kwargs,
-        )
+        settings = api_key_env(environ, url=url, client_id=client_id, client_secret=client_secret)
+        return cls(**settings, **kwargs)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} url={getattr(self, 'url', None)!r}>"
@@ -176,15 +164,10 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
-        try:
-            answer = super().execute(
-                request, timeout=timeout, extra_args=extra_args, upload_files=upload_files
-            )
-        except TransportError as exc:
-            failure = api_key_failure(exc, self._secrets)
-        else:
-            return api_key_answer(answer, self._secrets)
-        raise failure
+        parent = super().execute
+        return api_key_call(
+            lambda: parent(request, timeout, extra_args, upload_files), self._secrets
+        )
 
     def execute_batch(
         self,
@@ -197,13 +180,8 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
-        try:
-            answers = super().execute_batch(reqs, timeout=timeout, extra_args=extra_args)
-        except TransportError as exc:
-            failure = api_key_failure(exc, self._secrets)
-        else:
-            return api_key_answer(answers, self._secrets)
-        raise failure
+        parent = super().execute_batch
+        return api_key_call(lambda: parent(reqs, timeout, extra_args), self._secrets)
 
 
 class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
@@ -327,14 +305,15 @@ class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         """Build the transport from the ``SERVICE_*`` environment variables, as
         :meth:`OAuth2Transport.from_env <gql_service_auth.OAuth2Transport.from_env>` does
         (``SERVICE_TOKEN_STORE_URL`` included); ``**kwargs`` go to the constructor."""
-        if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
-            kwargs["token_store"] = store
         return cls(
-            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
-            token_url=endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
-            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
-            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
-            **kwargs,
+            **oauth2_env(
+                environ,
+                kwargs,
+                url=url,
+                token_url=token_url,
+                client_id=client_id,
+                client_secret=client_secret,
+            )
         )
 
     def __repr__(self) -> str:
@@ -360,16 +339,10 @@ class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
                 mutation refused while it ran.
             TokenRequestError: no token could be obtained.
         """
-        with exchange() as record:
-            try:
-                answer = super().execute(
-                    request, timeout=timeout, extra_args=extra_args, upload_files=upload_files
-                )
-            except TransportError as exc:
-                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
-            else:
-                return oauth2_answer(answer, record.refused, self._secrets(record.secrets))
-        raise failure
+        parent = super().execute
+        return oauth2_call(
+            lambda: parent(request, timeout, extra_args, upload_files), self._secrets
+        )
 
     def execute_batch(
         self,
@@ -381,14 +354,8 @@ class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
 
         A refused batch is sent again only when no operation of it can have run.
         """
-        with exchange() as record:
-            try:
-                answers = super().execute_batch(reqs, timeout=timeout, extra_args=extra_args)
-            except TransportError as exc:
-                failure = oauth2_failure(exc, record.refused, self._secrets(record.secrets))
-            else:
-                return oauth2_answer(answers, record.refused, self._secrets(record.secrets))
-        raise failure
+        parent = super().execute_batch
+        return oauth2_call(lambda: parent(reqs, timeout, extra_args), self._secrets)
 
     def _secrets(self, tokens: list[str]) -> list[str]:
         return [self._rules.credentials.client_secret, *tokens]
