@@ -52,7 +52,8 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch - absent only on Window
 
 class DropsClientInChild:
     """A gql transport whose HTTP client (``_client_attribute``) a forked child leaves to
-    its parent: its pooled connections are the parent's sockets. The child connects anew."""
+    its parent: its pooled connections are the parent's sockets. A connected transport is
+    connected anew in the child, so a session opened before the fork goes on working."""
 
     _client_attribute = "session"
 
@@ -64,3 +65,7 @@ class DropsClientInChild:
         if client is not None:
             keep_orphan(client)
             setattr(self, self._client_attribute, None)
+            self._connect_in_child()
+
+    def _connect_in_child(self) -> None:
+        self.connect()  # type: ignore[attr-defined]  # gql's sync connect

@@ -49,16 +49,15 @@ _MARK: Final = UNAUTHENTICATED.encode()
 NOT_REFUSED: Final = Answer(parts=1, refusals=0, ran=False, data=True)
 """An answer that refuses nothing, as the decision reads it."""
 
-JSON_TYPES: Final = ("application/json", "application/graphql-response+json")
-"""Content types whose bodies are read for a refusal; others (a stream) are left alone."""
+STREAM_TYPES: Final = ("multipart/", "text/event-stream", "application/x-ndjson")
+"""Content types of streams, whose bodies are left to the caller; any other is read for a
+refusal, whatever it says (gql reads a GraphQL answer whatever its content type)."""
 
 
 def reads_body(content_type: str | None) -> bool:
-    """Whether a response of ``content_type`` may carry a GraphQL refusal to read."""
-    if not content_type:
-        return False
-    kind = content_type.partition(";")[0].strip().lower()
-    return kind in JSON_TYPES or kind.endswith("+json")
+    """Whether a response of ``content_type`` is read for a GraphQL refusal."""
+    kind = (content_type or "").partition(";")[0].strip().lower()
+    return not kind.startswith(STREAM_TYPES)
 
 
 def answer_of(status: int, body: bytes | None) -> Answer | None:

@@ -107,6 +107,8 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         token = rules.tokens.fresh(min_ttl) or first_token_blocking(rules.tokens, min_ttl)
         _sign(request, token)
         response = yield request
+        if not _ours(response, token):
+            return
         body = response.read() if _body(response) else None
         answer = answer_of(response.status_code, body)
         if answer is None:
@@ -141,9 +143,10 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         token = rules.tokens.fresh(min_ttl) or await _first_token(rules, min_ttl)
         _sign(request, token)
         response = yield request
-        answer = answer_of(
-            response.status_code, await response.aread() if _body(response) else None
-        )
+        if not _ours(response, token):
+            return
+        body = await response.aread() if _body(response) else None
+        answer = answer_of(response.status_code, body)
         if answer is None:
             rules.tokens.confirm(token)
             return
@@ -182,8 +185,14 @@ def _sign(request: Request, token: AccessToken) -> None:
     tell_sent(token)
 
 
+def _ours(response: Response, token: AccessToken) -> bool:
+    """Whether ``response`` answers a request sent with ``token``: after a redirect to
+    another origin, httpx sent it without, and its answer says nothing of the token."""
+    return bool(response.request.headers.get("Authorization") == token.authorization)
+
+
 def _body(response: Response) -> bool:
-    """Whether ``response``'s body is read for a refusal (JSON only: a stream is not)."""
+    """Whether ``response``'s body is read for a refusal (a stream is not)."""
     return reads_body(response.headers.get("Content-Type"))
 
 

@@ -92,6 +92,10 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         **kwargs: Any,
     ) -> Response | None:
         """The response hook: the answer, or the answer of a re-send with a renewed token."""
+        if r.request.headers.get("Authorization") != token.authorization:
+            # A redirect to another host, which requests sent without our credentials:
+            # its answer says nothing of our token, and nothing goes there again.
+            return None
         answer = _answer(r)
         rules = self._rules
         if answer is None:
@@ -183,4 +187,8 @@ class _RequestsRecords:
                         headers[name] = REDACTED
 
 
-register(_RequestsRecords(), modules=("requests", "urllib3", "requests_toolbelt"))
+# http.client and socket: a failed send's frames, below urllib3's, hold the headers too.
+register(
+    _RequestsRecords(),
+    modules=("requests", "urllib3", "requests_toolbelt", "http.client", "socket", "ssl"),
+)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 try:
     from gql.transport.httpx import HTTPXAsyncTransport, HTTPXTransport
+    from gql.transport.httpx import httpx as _gql_httpx  # type: ignore[attr-defined]
 
     from ._httpx_auth import ApiKeyAuth, OAuth2Auth
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
@@ -115,7 +116,7 @@ class _ApiKeySettings(DropsClientInChild):
         _client_args(url, kwargs, allow_insecure_http)
         kwargs["auth"] = signer
         super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]
-        self._secrets = signer._rules.secrets()
+        self._signer = signer
         self._forget_client_in_children()
 
     @classmethod
@@ -137,6 +138,11 @@ class _ApiKeySettings(DropsClientInChild):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
+
+    @property
+    def _secret_list(self) -> list[str]:
+        # Read when needed, never kept on the transport: vars() shows what it keeps.
+        return self._signer._rules.secrets()
 
 
 class _OAuth2Settings(DropsClientInChild):
@@ -292,6 +298,7 @@ _OAUTH2_DOC = """A gql ``{base}`` that authenticates with OAuth 2.0 client crede
 class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
     __doc__ = _API_KEY_DOC.format(base="HTTPXTransport", oauth2="OAuth2HTTPXTransport")
 
+    @forgets_on_error
     def execute(
         self,
         request: GraphQLRequest,
@@ -307,9 +314,10 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         parent = super().execute
         return api_key_call(
             lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
-            self._secrets,
+            self._secret_list,
         )
 
+    @forgets_on_error
     def execute_batch(
         self,
         reqs: list[GraphQLRequest],
@@ -317,12 +325,13 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
     ) -> list[ExecutionResult]:
         """Execute a batch with the API key; see gql's ``execute_batch``."""
         parent = super().execute_batch
-        return api_key_call(lambda: parent(reqs, extra_args=extra_args), self._secrets)
+        return api_key_call(lambda: parent(reqs, extra_args=extra_args), self._secret_list)
 
 
 class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
     __doc__ = _API_KEY_DOC.format(base="HTTPXAsyncTransport", oauth2="OAuth2HTTPXAsyncTransport")
 
+    @forgets_on_error
     async def execute(
         self,
         request: GraphQLRequest,
@@ -338,9 +347,10 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         parent = super().execute
         return await api_key_call_async(
             lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
-            self._secrets,
+            self._secret_list,
         )
 
+    @forgets_on_error
     async def execute_batch(
         self,
         reqs: list[GraphQLRequest],
@@ -348,12 +358,15 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
     ) -> list[ExecutionResult]:
         """Execute a batch with the API key; see gql's ``execute_batch``."""
         parent = super().execute_batch
-        return await api_key_call_async(lambda: parent(reqs, extra_args=extra_args), self._secrets)
+        return await api_key_call_async(
+            lambda: parent(reqs, extra_args=extra_args), self._secret_list
+        )
 
 
 class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
     __doc__ = _OAUTH2_DOC.format(base="HTTPXTransport")
 
+    @forgets_on_error
     def execute(
         self,
         request: GraphQLRequest,
@@ -374,6 +387,7 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
             self._secrets,
         )
 
+    @forgets_on_error
     def execute_batch(
         self,
         reqs: list[GraphQLRequest],
@@ -388,6 +402,10 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
 class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
     __doc__ = _OAUTH2_DOC.format(base="HTTPXAsyncTransport")
 
+    def _connect_in_child(self) -> None:
+        self.client = _gql_httpx.AsyncClient(**self.kwargs)  # what gql's connect makes
+
+    @forgets_on_error
     async def execute(
         self,
         request: GraphQLRequest,
@@ -408,6 +426,7 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
             self._secrets,
         )
 
+    @forgets_on_error
     async def execute_batch(
         self,
         reqs: list[GraphQLRequest],

@@ -129,7 +129,7 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
             retry_backoff_factor, retry_status_forcelist, json_serialize, json_deserialize,
             **kwargs,
         )  # fmt: skip
-        self._secrets = signer._rules.secrets()
+        self._signer = signer
         self._forget_client_in_children()
 
     @classmethod
@@ -152,6 +152,12 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} url={getattr(self, 'url', None)!r}>"
 
+    @property
+    def _secret_list(self) -> list[str]:
+        # Read when needed, never kept on the transport: vars() shows what it keeps.
+        return self._signer._rules.secrets()
+
+    @forgets_on_error
     def execute(
         self,
         request: GraphQLRequest,
@@ -166,9 +172,10 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         """
         parent = super().execute
         return api_key_call(
-            lambda: parent(request, timeout, extra_args, upload_files), self._secrets
+            lambda: parent(request, timeout, extra_args, upload_files), self._secret_list
         )
 
+    @forgets_on_error
     def execute_batch(
         self,
         reqs: list[GraphQLRequest],
@@ -181,7 +188,7 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
         parent = super().execute_batch
-        return api_key_call(lambda: parent(reqs, timeout, extra_args), self._secrets)
+        return api_key_call(lambda: parent(reqs, timeout, extra_args), self._secret_list)
 
 
 class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
@@ -324,6 +331,7 @@ class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
         return self._rules.tokens.token
 
+    @forgets_on_error
     def execute(
         self,
         request: GraphQLRequest,
@@ -344,6 +352,7 @@ class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
             lambda: parent(request, timeout, extra_args, upload_files), self._secrets
         )
 
+    @forgets_on_error
     def execute_batch(
         self,
         reqs: list[GraphQLRequest],

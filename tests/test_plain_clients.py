@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 import requests
-from gql import Client
+from gql import Client, GraphQLRequest
 from support import COUNT, NO_WAIT, finish, in_child, poll, start_thread
 
 from gql_service_auth import ConfigurationError, TokenRequestError
@@ -130,9 +130,33 @@ def test_a_child_forked_while_the_parent_fetches_gets_a_token_of_its_own(
     assert poll(lambda: emulator.counters.token_requests == 1)
 
     def child() -> None:
-        # The parent's fetch and its thread are not here: waiting on them would hang.
-        assert Client(transport=transport).execute(COUNT) == ANSWER["data"]
+        # The parent's fetch and its thread are not here: waiting on them would hang. The
+        # transport, connected by the parent's thread, has a client of its own here.
+        assert transport.execute(GraphQLRequest(COUNT)).data == ANSWER["data"]
 
     assert in_child(child, timeout=20) == (0, "ok")
     assert finish(parent) == ANSWER["data"]
     assert emulator.counters.token_requests == 2
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        service_requests.OAuth2RequestsTransport.from_env,
+        service_httpx.OAuth2HTTPXTransport.from_env,
+    ],
+    ids=["requests", "httpx"],
+)
+def test_a_session_opened_before_a_fork_goes_on_working_in_the_child(
+    emulator: Emulator, build: Any
+) -> None:
+    transport = build(emulator.environ(), retry=NO_WAIT)
+    with Client(transport=transport) as session:
+        assert session.execute(COUNT) == ANSWER["data"]
+
+        def child() -> None:
+            # A client of its own: the parent's pooled connections stay the parent's.
+            assert session.execute(COUNT) == ANSWER["data"]
+
+        assert in_child(child, timeout=20) == (0, "ok")
+        assert session.execute(COUNT) == ANSWER["data"]

@@ -258,3 +258,36 @@ def test_a_sync_call_works_where_an_event_loop_runs(way: Way, oauth2: Callable[.
         return Client(transport=oauth2()).execute(COUNT)
 
     assert asyncio.run(cell()) == ANSWER
+
+
+def test_a_refusal_with_data_under_any_content_type_never_runs_a_mutation_twice(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    """gql reads a GraphQL answer whatever its content type: so does the decision."""
+    refusal = {
+        "data": None,
+        "errors": [{"message": "no", "path": ["renameCarrier"], **_UNAUTHENTICATED}],
+    }
+    emulator.fail_graphql_requests(1, 401, body=refusal, headers={"Content-Type": "text/plain"})
+    with pytest.raises(UnauthenticatedError, match="may have changed something"):
+        way.one(oauth2(), Call(RENAME))
+    assert emulator.counters.graphql_requests == 1
+
+
+_UNAUTHENTICATED = {"extensions": {"code": "UNAUTHENTICATED"}}
+
+
+def test_a_transport_keeps_no_secret_where_vars_shows_it(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    client = emulator.recent_client
+    api_key = way.api_key(
+        emulator.graphql_url, client_id=client.client_id, client_secret=client.client_secret
+    )
+    transport = oauth2()
+    way.one(transport, Call(COUNT))
+    way.one(api_key, Call(COUNT))
+    for shown_object in (api_key, transport):
+        text = repr(vars(shown_object)) + repr(shown_object)
+        assert client.client_secret not in text
+        assert transport.token.value not in text
