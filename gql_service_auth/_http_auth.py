@@ -196,11 +196,9 @@ class OAuth2Rules:
     def __repr__(self) -> str:
         return f"<OAuth2Rules client_id={self.credentials.client_id!r}>"
 
-    def secrets(self, token: AccessToken | None) -> list[str]:
-        secrets = [self.credentials.client_secret]
-        if token is not None:
-            secrets.append(token.value)
-        return secrets
+    def secrets(self, sent: list[str]) -> list[str]:
+        """What an answer to a call may quote: the client secret and the tokens ``sent``."""
+        return [self.credentials.client_secret, *sent]
 
 
 @dataclass(slots=True)

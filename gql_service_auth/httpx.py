@@ -243,9 +243,6 @@ class _OAuth2Settings(DropsClientInChild):
         """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
         return self._rules.tokens.token
 
-    def _secrets(self, tokens: list[str]) -> list[str]:
-        return [self._rules.credentials.client_secret, *tokens]
-
 
 _API_KEY_DOC = """A gql ``{base}`` that authenticates with the service's API key.
 
@@ -384,7 +381,7 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         parent = super().execute
         return oauth2_call(
             lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
-            self._secrets,
+            self._rules.secrets,
         )
 
     @forgets_on_error
@@ -396,7 +393,7 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
-        return oauth2_call(lambda: parent(reqs, extra_args=extra_args), self._secrets)
+        return oauth2_call(lambda: parent(reqs, extra_args=extra_args), self._rules.secrets)
 
 
 class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
@@ -423,7 +420,7 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         parent = super().execute
         return await oauth2_call_async(
             lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
-            self._secrets,
+            self._rules.secrets,
         )
 
     @forgets_on_error
@@ -435,4 +432,6 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
-        return await oauth2_call_async(lambda: parent(reqs, extra_args=extra_args), self._secrets)
+        return await oauth2_call_async(
+            lambda: parent(reqs, extra_args=extra_args), self._rules.secrets
+        )

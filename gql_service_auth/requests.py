@@ -349,7 +349,7 @@ class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         """
         parent = super().execute
         return oauth2_call(
-            lambda: parent(request, timeout, extra_args, upload_files), self._secrets
+            lambda: parent(request, timeout, extra_args, upload_files), self._rules.secrets
         )
 
     @forgets_on_error
@@ -364,7 +364,4 @@ class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         A refused batch is sent again only when no operation of it can have run.
         """
         parent = super().execute_batch
-        return oauth2_call(lambda: parent(reqs, timeout, extra_args), self._secrets)
-
-    def _secrets(self, tokens: list[str]) -> list[str]:
-        return [self._rules.credentials.client_secret, *tokens]
+        return oauth2_call(lambda: parent(reqs, timeout, extra_args), self._rules.secrets)
