@@ -7,6 +7,7 @@ clock: one token request per lifetime for all of them, and no failed query.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from typing import Any
@@ -149,8 +150,11 @@ async def test_one_second_tokens_under_load(
             async with Client(transport=t) as session:
                 await asyncio.gather(*(worker(session, until) for _ in range(5)))
 
-        until = time.monotonic() + 2.5
+        started = time.monotonic()
+        until = started + 2.5
         await asyncio.wait_for(asyncio.gather(*(per_transport(t, until) for t in transports)), 30)
+        # Requests in flight at the deadline, and a loaded machine, stretch the window.
+        elapsed = time.monotonic() - started
     names = [e.name for e in events]
     print(
         "failures",
@@ -162,6 +166,10 @@ async def test_one_second_tokens_under_load(
         "unauthenticated",
         live_emulator.counters.unauthenticated_responses,
         {n: names.count(n) for n in set(names)},
+        "reasons",
+        sorted(e.reason or "" for e in events if e.name == "token_fetched"),
+        "elapsed",
+        round(elapsed, 2),
     )
     print(
         "loaded with seconds left:",
@@ -170,16 +178,17 @@ async def test_one_second_tokens_under_load(
     assert failures == []
     # Refusals of tokens that expired in flight on a loaded machine are re-sent; the
     # guard itself is checked without timing in test_token_store.py.
-    # 2.5 s of 1 s tokens renewed at half-life: 6 for the fleet (1 + 2.5 / 0.5), 7 with one
-    # at the window's end, and one more per time Redis was slower than its timeout; without
-    # a store, 4 transports would make up to 24.
+    # 1 s tokens renewed at half-life: for the fleet, 1 + one per 0.5 s of the window (6 in
+    # 2.5 s), one more at the window's end, and one more per time Redis was slower than its
+    # timeout; without a store, 4 transports would make up to 24 in 2.5 s. The window is
+    # the one measured: a stalled worker stretches it, and tokens keep their lifetime.
+    half_lives = math.ceil(elapsed / 0.5)
     if shared:
         slow = names.count("token_store_failed")
-        # A token that expired in flight (CPU taken by a parallel worker) is refused and
-        # renewed at once: such renewals are the refusals' cost, not the schedule's.
-        after_refusals = [
-            e for e in events if e.name == "token_fetched" and e.reason == "rejected"
-        ]
-        assert live_emulator.counters.token_requests - len(after_refusals) <= 7 + slow
-        # And each such renewal answers a refusal the API made: none comes from nowhere.
-        assert len(after_refusals) <= live_emulator.counters.unauthenticated_responses
+        # A token that expired in flight (a worker stalled by a parallel test) is refused
+        # and renewed at once, as "rejected" or, if its expiry passed meanwhile, "expired":
+        # each refusal the API made may cost one renewal beyond the schedule, no more.
+        refused = live_emulator.counters.unauthenticated_responses
+        assert live_emulator.counters.token_requests <= 2 + half_lives + slow + refused
+        rejected = [e for e in events if e.name == "token_fetched" and e.reason == "rejected"]
+        assert len(rejected) <= refused
