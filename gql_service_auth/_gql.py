@@ -368,34 +368,44 @@ def oauth2_answer(answer: _T, refused: Refused[Any] | None, secrets: list[str]) 
     return scrubbed(answer, secrets)
 
 
-def api_key_failure(exc: TransportError, secrets: list[str]) -> BaseException:
-    """:func:`oauth2_failure` for the API key: a bare 401 refused the key."""
+def api_key_failure(
+    exc: TransportError, secrets: list[str], instead: str = "OAuth2Transport"
+) -> BaseException:
+    """:func:`oauth2_failure` for the API key: a bare 401 refused the key.
+
+    ``instead`` names the OAuth2 class the refusal's message advises: the same stack's.
+    """
     own = own_error(exc)
     if own is not None:
         return own
     redact_chain(exc, secrets)
     clear_locals(exc)
     if isinstance(exc, TransportServerError) and exc.code == 401:
-        return api_key_error(Bare401(exc), secrets)
+        return api_key_error(Bare401(exc), secrets, instead)
     return exc
 
 
-def api_key_answer(answer: _T, secrets: list[str]) -> _T:
+def api_key_answer(answer: _T, secrets: list[str], instead: str = "OAuth2Transport") -> _T:
     """The answer of a call to gql's transport (API key), or the error of a refused key."""
     results = answer if isinstance(answer, list) else [answer]
     if any(isinstance(r, ExecutionResult) and is_refusal(r.errors) for r in results):
-        raise api_key_error(answer, secrets)
+        raise api_key_error(answer, secrets, instead)
     return scrubbed(answer, secrets)
 
 
-def api_key_error(raw: object, secrets: list[str]) -> ApiKeyRejectedError:
-    """The error of a request that the service refused the API key for."""
+def api_key_error(
+    raw: object, secrets: list[str], instead: str = "OAuth2Transport"
+) -> ApiKeyRejectedError:
+    """The error of a request that the service refused the API key for.
+
+    ``instead`` names the OAuth2 class to use in the key's place, of the caller's stack.
+    """
     if isinstance(raw, Bare401):
-        return http_401(ApiKeyRejectedHTTPError, raw, api_key_message(BARE_401, None))
+        return http_401(ApiKeyRejectedHTTPError, raw, api_key_message(BARE_401, None, instead))
     # The service may quote the key it refused; the error must not.
     errors, data, extensions = _parts(raw, secrets)
     return ApiKeyRejectedError(
-        api_key_message(Answer(1, 1, False, False), refusal_message(errors)),
+        api_key_message(Answer(1, 1, False, False), refusal_message(errors), instead),
         errors=errors,
         data=data,
         extensions=extensions,

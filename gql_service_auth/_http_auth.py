@@ -15,9 +15,8 @@ that go on the wire, not from a gql object that a caller may change meanwhile.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -219,19 +218,24 @@ class Exchange:
 _EXCHANGE: ContextVar[Exchange | None] = ContextVar("gql_service_auth_exchange", default=None)
 
 
-@contextlib.contextmanager
-def exchange() -> Iterator[Exchange]:
+class exchange:
     """An :class:`Exchange` that the auth flows of the calls made inside write to.
 
     A ``ContextVar``: the auth flow runs on the caller's thread (requests, sync httpx) or
-    in its task (async httpx), while another caller's flow writes its own.
+    in its task (async httpx), while another caller's flow writes its own. A class, not
+    ``contextlib.contextmanager``: every request enters it, and a generator costs a
+    microsecond more.
     """
-    record = Exchange()
-    reset = _EXCHANGE.set(record)
-    try:
-        yield record
-    finally:
-        _EXCHANGE.reset(reset)
+
+    __slots__ = ("_record", "_reset")
+
+    def __enter__(self) -> Exchange:
+        self._record = Exchange()
+        self._reset = _EXCHANGE.set(self._record)
+        return self._record
+
+    def __exit__(self, *exc_info: object) -> None:
+        _EXCHANGE.reset(self._reset)
 
 
 def tell_sent(token: AccessToken) -> None:
@@ -281,23 +285,28 @@ async def oauth2_call_async(
     raise failure
 
 
-def api_key_call(call: Callable[[], _T], secrets: list[str]) -> _T:
-    """``call()`` of an API key transport: its answer, or the package's error."""
+def api_key_call(call: Callable[[], _T], secrets: list[str], instead: str) -> _T:
+    """``call()`` of an API key transport: its answer, or the package's error.
+
+    ``instead`` names the OAuth2 transport of the same stack, which a refusal advises.
+    """
     try:
         answer = call()
     except TransportError as exc:
-        failure = api_key_failure(exc, secrets)
+        failure = api_key_failure(exc, secrets, instead)
     else:
-        return api_key_answer(answer, secrets)
+        return api_key_answer(answer, secrets, instead)
     raise failure
 
 
-async def api_key_call_async(call: Callable[[], Awaitable[_T]], secrets: list[str]) -> _T:
+async def api_key_call_async(
+    call: Callable[[], Awaitable[_T]], secrets: list[str], instead: str
+) -> _T:
     """:func:`api_key_call` for an async transport."""
     try:
         answer = await call()
     except TransportError as exc:
-        failure = api_key_failure(exc, secrets)
+        failure = api_key_failure(exc, secrets, instead)
     else:
-        return api_key_answer(answer, secrets)
+        return api_key_answer(answer, secrets, instead)
     raise failure

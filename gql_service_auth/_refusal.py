@@ -28,11 +28,15 @@ from typing import Final
 
 from ._constants import MAX_SERVER_TEXT, UNAUTHENTICATED
 
-API_KEY_ADVICE: Final = (
-    "Either client_id or client_secret is wrong, or the credentials were registered before "
-    "2024-05-13: such credentials cannot be used as an API key. Use OAuth2Transport with the "
-    "same credentials, or create new credentials in the console to use the API key"
-)
+
+def api_key_advice(instead: str) -> str:
+    """What to do about a refused API key; ``instead`` names the OAuth2 class of the stack."""
+    return (
+        "Either client_id or client_secret is wrong, or the credentials were registered "
+        f"before 2024-05-13: such credentials cannot be used as an API key. Use {instead} "
+        "with the same credentials, or create new credentials in the console to use the API key"
+    )
+
 
 _CHECK_ENVIRONMENT: Final = (
     "check that url and token_url belong to the same environment (SERVICE_BASE_URL, "
@@ -265,13 +269,16 @@ def paused_message(refusals: int, remaining: float) -> str:
     )
 
 
-def api_key_message(answer: Answer, said: str | None) -> str:
-    """The message of a refused API key; ``said`` is the service's own message, if any."""
+def api_key_message(answer: Answer, said: str | None, instead: str = "OAuth2Transport") -> str:
+    """The message of a refused API key; ``said`` is the service's own message, if any.
+
+    ``instead`` is the class to use in its place: the OAuth2 class of the same stack.
+    """
     if answer.bare_401:
-        return f"the service refused the API key (HTTP 401). {API_KEY_ADVICE}"
+        return f"the service refused the API key (HTTP 401). {api_key_advice(instead)}"
     # What the service said tells a wrong secret from the 2024-05-13 rule; the message
     # must say it, since most people read only the message.
     message = "the service refused the API key (UNAUTHENTICATED)"
     if said is not None:
         message += f"; server said: {said!r}"
-    return f"{message}. {API_KEY_ADVICE}"
+    return f"{message}. {api_key_advice(instead)}"

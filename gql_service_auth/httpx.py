@@ -312,6 +312,7 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         return api_key_call(
             lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
             self._secret_list,
+            "OAuth2HTTPXTransport",
         )
 
     @forgets_on_error
@@ -322,7 +323,9 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
     ) -> list[ExecutionResult]:
         """Execute a batch with the API key; see gql's ``execute_batch``."""
         parent = super().execute_batch
-        return api_key_call(lambda: parent(reqs, extra_args=extra_args), self._secret_list)
+        return api_key_call(
+            lambda: parent(reqs, extra_args=extra_args), self._secret_list, "OAuth2HTTPXTransport"
+        )
 
 
 class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
@@ -345,6 +348,7 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         return await api_key_call_async(
             lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
             self._secret_list,
+            "OAuth2HTTPXAsyncTransport",
         )
 
     @forgets_on_error
@@ -356,7 +360,9 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         """Execute a batch with the API key; see gql's ``execute_batch``."""
         parent = super().execute_batch
         return await api_key_call_async(
-            lambda: parent(reqs, extra_args=extra_args), self._secret_list
+            lambda: parent(reqs, extra_args=extra_args),
+            self._secret_list,
+            "OAuth2HTTPXAsyncTransport",
         )
 
 

@@ -172,7 +172,9 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         """
         parent = super().execute
         return api_key_call(
-            lambda: parent(request, timeout, extra_args, upload_files), self._secret_list
+            lambda: parent(request, timeout, extra_args, upload_files),
+            self._secret_list,
+            "OAuth2RequestsTransport",
         )
 
     @forgets_on_error
@@ -188,7 +190,9 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
         parent = super().execute_batch
-        return api_key_call(lambda: parent(reqs, timeout, extra_args), self._secret_list)
+        return api_key_call(
+            lambda: parent(reqs, timeout, extra_args), self._secret_list, "OAuth2RequestsTransport"
+        )
 
 
 class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):

@@ -6,12 +6,12 @@ import pytest
 
 from gql_service_auth._refusal import (
     ACCEPT,
-    API_KEY_ADVICE,
     BARE_401,
     Action,
     Answer,
     RequestFacts,
     TokenFate,
+    api_key_advice,
     api_key_message,
     exhausted_message,
     is_refusal,
@@ -160,8 +160,10 @@ def test_the_messages_say_how_the_refusal_came_and_what_to_do() -> None:
     assert "the last 3 access tokens" in paused
     assert "paused for 2.2 s" in paused
     assert ". Check that url and token_url" in paused
-    assert api_key_message(body, "bad key").endswith(f"server said: 'bad key'. {API_KEY_ADVICE}")
-    assert api_key_message(body, None).endswith(f"(UNAUTHENTICATED). {API_KEY_ADVICE}")
+    advice = api_key_advice("OAuth2Transport")
+    assert api_key_message(body, "bad key").endswith(f"server said: 'bad key'. {advice}")
+    assert api_key_message(body, None).endswith(f"(UNAUTHENTICATED). {advice}")
+    assert "Use OAuth2HTTPXTransport " in api_key_message(body, None, "OAuth2HTTPXTransport")
     assert api_key_message(BARE_401, None).startswith(
         "the service refused the API key (HTTP 401)."
     )

@@ -1,0 +1,145 @@
+"""The token request's proxy on gql's requests and httpx transports.
+
+It goes where the stack's own requests go: through requests' ``proxies=`` or httpx's
+``proxy=``, or through the environment's proxy variables (both stacks read them by
+default), honouring ``NO_PROXY``; ``token_proxy=`` sends it alone through a proxy. A
+real forward proxy (proxy.py) runs on 127.0.0.1 and adds ``Via: 1.1 proxy.py`` to what it
+forwards, so the emulator's record of each request tells which way it came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support import COUNT, PROXY_VARIABLES, Proxy, running_proxy
+from ways import WAYS, Call, Way
+
+from gql_service_auth import TokenRequestError
+from gql_service_auth.emulator import Emulator
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    with running_proxy(tmp_path_factory.mktemp("proxy")) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+@pytest.fixture(params=WAYS, ids=lambda way: way.name)
+def way(request: pytest.FixtureRequest) -> Way:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def oauth2(emulator: Emulator, way: Way) -> Callable[..., Any]:
+    def make(**kwargs: Any) -> Any:
+        client = emulator.recent_client
+        return way.oauth2(
+            emulator.graphql_url,
+            token_url=emulator.token_url,
+            client_id=client.client_id,
+            client_secret=client.client_secret,
+            **kwargs,
+        )
+
+    return make
+
+
+def _stack_proxy(way: Way, url: str) -> dict[str, Any]:
+    """The keyword with which the stack's own requests go through ``url``."""
+    if way.name == "requests":
+        return {"proxies": {"http": url, "https": url}}
+    return {"proxy": url}
+
+
+def _via_proxy(emulator: Emulator, path: str) -> list[bool]:
+    return [
+        "proxy.py" in request.headers.get("Via", "")
+        for request in emulator.requests
+        if request.path == path
+    ]
+
+
+def _set_http_proxy(monkeypatch: pytest.MonkeyPatch, url: str, no_proxy: str = "") -> None:
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, url)
+    for name in ("no_proxy", "NO_PROXY"):
+        if no_proxy:
+            monkeypatch.setenv(name, no_proxy)
+
+
+def test_the_stacks_own_proxy_carries_the_token_request(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator, proxy: Proxy
+) -> None:
+    """requests' proxies= and httpx's proxy= apply to the token request too."""
+    way.one(oauth2(**_stack_proxy(way, proxy.url)), Call(COUNT))
+    assert _via_proxy(emulator, "/oauth2/token") == [True]
+    assert _via_proxy(emulator, "/graphql") == [True]
+
+
+def test_the_environments_proxy_carries_the_token_request(
+    way: Way,
+    oauth2: Callable[..., Any],
+    emulator: Emulator,
+    proxy: Proxy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both stacks read HTTP_PROXY by default, and so does their token request."""
+    _set_http_proxy(monkeypatch, proxy.url)
+    way.one(oauth2(), Call(COUNT))
+    assert _via_proxy(emulator, "/oauth2/token") == [True]
+    assert _via_proxy(emulator, "/graphql") == [True]
+
+
+def test_no_proxy_is_honoured_for_the_token_request(
+    way: Way,
+    oauth2: Callable[..., Any],
+    emulator: Emulator,
+    proxy: Proxy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _set_http_proxy(monkeypatch, proxy.url, no_proxy="127.0.0.1")
+    way.one(oauth2(), Call(COUNT))
+    assert _via_proxy(emulator, "/oauth2/token") == [False]
+    assert _via_proxy(emulator, "/graphql") == [False]
+
+
+def test_token_proxy_carries_the_token_request_alone(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator, proxy: Proxy
+) -> None:
+    way.one(oauth2(token_proxy=proxy.url), Call(COUNT))
+    assert _via_proxy(emulator, "/oauth2/token") == [True]
+    assert _via_proxy(emulator, "/graphql") == [False]
+
+
+def test_token_session_args_send_the_token_request_directly(
+    way: Way,
+    oauth2: Callable[..., Any],
+    emulator: Emulator,
+    proxy: Proxy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """token_session_args={} replaces what the stack says, as on the aiohttp transport."""
+    _set_http_proxy(monkeypatch, proxy.url)
+    way.one(oauth2(token_session_args={}), Call(COUNT))
+    assert _via_proxy(emulator, "/oauth2/token") == [False]
+    assert _via_proxy(emulator, "/graphql") == [True]
+
+
+def test_a_remote_environment_proxy_gets_no_clear_text_credentials(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An http:// token URL through a proxy that is not loopback is refused, not sent."""
+    _set_http_proxy(monkeypatch, "http://192.0.2.1:3128")  # TEST-NET-1: never reached
+    with pytest.raises(TokenRequestError, match="NO_PROXY") as caught:
+        way.one(oauth2(), Call(COUNT))
+    assert not caught.value.retryable
+    assert emulator.counters.token_requests == 0
