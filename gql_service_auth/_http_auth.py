@@ -16,10 +16,12 @@ that go on the wire, not from a gql object that a caller may change meanwhile.
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 from gql.transport.exceptions import TransportError
 from graphql import GraphQLError, parse
@@ -136,23 +138,64 @@ class InsecureOrigins:
 
     def __init__(self, allow_insecure_http: bool) -> None:
         self._allowed = allow_insecure_http
-        self._seen: dict[tuple[str, str], bool] = {}
+        self._seen: dict[tuple[str, str], str] = {}  # why not, or "": fine
 
     def check(self, scheme: str, host: str) -> None:
         """Raise :class:`ConfigurationError` unless credentials may go to this origin."""
         if scheme == "https" or self._allowed:
             return
         key = (scheme, host)
-        safe = self._seen.get(key)
-        if safe is None:
-            safe = self._seen[key] = scheme == "http" and is_loopback(host)
+        refusal = self._seen.get(key)
+        if refusal is None:
+            refusal = self._seen[key] = _plain_http_refusal(scheme, host)
             if len(self._seen) > 64:  # a client that talks to many hosts: kept small
                 self._seen.clear()
-        if not safe:
-            raise ConfigurationError(
-                f"refusing to send credentials over {scheme} to {host}: use an https:// URL, "
-                "or pass allow_insecure_http=True if this network is trusted"
-            )
+        if refusal:
+            raise ConfigurationError(refusal)
+
+
+def _plain_http_refusal(scheme: str, host: str) -> str:
+    """Why credentials may not go to ``scheme://host`` in clear text; ``""`` if they may.
+
+    Loopback is safe, unless the environment's proxy, which requests and httpx follow by
+    default, is another machine: it would read every plain-http request it forwards. The
+    environment is read once per origin (see :class:`InsecureOrigins`).
+    """
+    fix = "use an https:// URL, or pass allow_insecure_http=True if this network is trusted"
+    if scheme != "http" or not is_loopback(host):
+        return f"refusing to send credentials over {scheme} to {host}: {fix}"
+    proxy = environment_proxy(host)
+    if proxy is None or is_loopback(proxy):
+        return ""
+    return (
+        f"refusing to send credentials over plain http to {host} through the proxy at "
+        f"{proxy} that the environment names (http_proxy): it would read them. Add {host} "
+        f"to NO_PROXY, or {fix}"
+    )
+
+
+def check_proxy(url: object, proxy: str | None, given_as: str, allow: bool) -> None:
+    """Refuse a plain-http ``url`` sent through a ``proxy`` (given as ``given_as``) that is
+    another machine: the proxy would read the credentials of every request it forwards."""
+    parts = urlsplit(str(url))
+    if allow or proxy is None or parts.scheme != "http":
+        return
+    proxy_host = urlsplit(proxy if "://" in proxy else f"http://{proxy}").hostname
+    if proxy_host is not None and not is_loopback(proxy_host):
+        raise ConfigurationError(
+            f"refusing to send credentials over plain http to {parts.hostname} through the "
+            f"proxy at {proxy_host} ({given_as}): it would read them. Use an https:// URL, "
+            "or pass allow_insecure_http=True if this network is trusted"
+        )
+
+
+def environment_proxy(host: str) -> str | None:
+    """The host of the proxy the environment names for plain http to ``host``, if any."""
+    proxies = urllib.request.getproxies_environment()
+    url = proxies.get("http") or proxies.get("all")
+    if not url or urllib.request.proxy_bypass(host):
+        return None
+    return urlsplit(url if "://" in url else f"http://{url}").hostname or url
 
 
 @dataclass(frozen=True, slots=True, repr=False)

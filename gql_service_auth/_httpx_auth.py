@@ -125,7 +125,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
             if isinstance(command, Send):
                 _sign(request, command.token)
                 response = yield request
-                body = response.read() if _body(response) else None
+                body = response.read() if _reads(response, request, command.token) else None
                 reply = Sent(answer_of(response.status_code, body) or NOT_REFUSED, response)
             elif isinstance(command, NeedToken):
                 reply = _signal_or(rules.tokens.get_blocking, command)
@@ -161,7 +161,8 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
             if isinstance(command, Send):
                 _sign(request, command.token)
                 response = yield request
-                body = await response.aread() if _body(response) else None
+                reads = _reads(response, request, command.token)
+                body = await response.aread() if reads else None
                 reply = Sent(answer_of(response.status_code, body) or NOT_REFUSED, response)
             elif isinstance(command, NeedToken):
                 try:
@@ -191,6 +192,12 @@ def _ours(response: Response, request: Request, token: AccessToken) -> bool:
     sent = response.request
     # Without a redirect, httpx answers the very request signed: no header to look up.
     return sent is request or bool(sent.headers.get("Authorization") == token.authorization)
+
+
+def _reads(response: Response, request: Request, token: AccessToken) -> bool:
+    """Whether a re-send's answer is read for a refusal: one that came back from another
+    origin (a redirect) refuses nothing of ``token``, which it was sent without."""
+    return _ours(response, request, token) and _body(response)
 
 
 def _body(response: Response) -> bool:
@@ -236,7 +243,11 @@ async def _get(rules: OAuth2Rules, min_ttl: float, after: int) -> AccessToken:
         asyncio.get_running_loop()
     except RuntimeError:
         get = partial(rules.tokens.get_blocking, min_ttl=min_ttl, after=after)
-        return await anyio.to_thread.run_sync(get, abandon_on_cancel=True)
+        # A limiter of its own: a wait holds its thread until the fetch ends (bounded by
+        # the retry policy), and must not take the worker threads the application's own
+        # to_thread calls share (40 by default).
+        own = anyio.CapacityLimiter(1)
+        return await anyio.to_thread.run_sync(get, abandon_on_cancel=True, limiter=own)
     return await rules.tokens.get(min_ttl=min_ttl, after=after)
 
 

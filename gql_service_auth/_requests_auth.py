@@ -96,6 +96,9 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
             # A redirect to another host, which requests sent without our credentials:
             # its answer says nothing of our token, and nothing goes there again.
             return None
+        stream = bool(kwargs.get("stream"))
+        if not _reads(r, stream):
+            return None
         answer = _answer(r)
         rules = self._rules
         if answer is None:
@@ -117,12 +120,16 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
             previous = last[0]
             prepared = _copy_for_resend(previous)
             prepared.headers["Authorization"] = renewed.authorization
+            # requests follows a redirect of the re-send from the request it was given:
+            # it must carry the renewed token too, not the refused one.
+            r.request.headers["Authorization"] = renewed.authorization
             tell_sent(renewed)
             response = previous.connection.send(prepared, **kwargs)
             response.history.append(previous)
             response.request = prepared
             last[0] = response
-            return Sent(_answer(response) or NOT_REFUSED, response)
+            answer = _answer(response) if _reads(response, stream) else None
+            return Sent(answer or NOT_REFUSED, response)
 
         def get_token(need: NeedToken) -> AccessToken:
             return rules.tokens.get_blocking(min_ttl=need.min_ttl, after=need.newer_than)
@@ -135,6 +142,12 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         assert isinstance(outcome, Refused)  # a pause comes only before a first send
         tell_refused(outcome)
         return outcome.last.raw
+
+
+def _reads(r: Response, stream: bool) -> bool:
+    """Whether ``r`` is read for a refusal: under ``stream=True`` the caller reads the
+    body as it comes, so only a 401 (small) is read; a refusal in a 200 is the caller's."""
+    return not stream or r.status_code == 401
 
 
 def _answer(r: Response) -> Answer | None:

@@ -54,6 +54,7 @@ from ._http_auth import (
     OAuth2Rules,
     api_key_call,
     api_key_call_async,
+    check_proxy,
     oauth2_call,
     oauth2_call_async,
 )
@@ -92,6 +93,19 @@ def _client_args(url: object, kwargs: dict[str, Any], allow: bool) -> None:
             "headers must not contain Authorization: the transport sets it on every request"
         )
     check_url(str(url), what="url", allow_insecure_http=allow)
+    check_proxy(url, _proxy_url(kwargs.get("proxy")), "proxy=", allow)
+
+
+def _proxy_url(proxy: object) -> str | None:
+    """The URL of httpx's ``proxy=`` (a str, a URL of httpx or yarl, or an ``httpx.Proxy``,
+    which keeps its login apart), login included."""
+    if proxy is None:
+        return None
+    text = str(getattr(proxy, "url", proxy))
+    login = getattr(proxy, "auth", None)
+    if login:
+        text = str(URL(text).with_user(login[0]).with_password(login[1]))
+    return text
 
 
 class _ApiKeySettings(DropsClientInChild):
@@ -178,8 +192,8 @@ class _OAuth2Settings(DropsClientInChild):
     ) -> None:
         _client_args(url, kwargs, allow_insecure_http)
         inherited: dict[str, Any] = {"trust_env": kwargs.get("trust_env", True)}
-        proxy = kwargs.get("proxy")
-        if isinstance(proxy, str | URL):
+        proxy = _proxy_url(kwargs.get("proxy"))
+        if proxy is not None:
             inherited["proxy"] = proxy
         verify: bool | str | SSLContext = kwargs.get("verify", True)
         rules = oauth2_rules(

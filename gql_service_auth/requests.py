@@ -16,6 +16,7 @@ from __future__ import annotations
 
 try:
     from gql.transport.requests import RequestsHTTPTransport
+    from requests.utils import select_proxy
 
     from ._requests_auth import ApiKeyAuth, OAuth2Auth
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
@@ -30,7 +31,6 @@ import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from http.cookiejar import CookieJar
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
@@ -47,7 +47,7 @@ from ._constants import (
 from ._errors import ConfigurationError
 from ._events import EventHook
 from ._fork import DropsClientInChild
-from ._http_auth import api_key_call, oauth2_call
+from ._http_auth import api_key_call, check_proxy, oauth2_call
 from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import forgets_on_error
 from ._settings import api_key_env, oauth2_env
@@ -65,7 +65,13 @@ __all__ = ["ApiKeyAuth", "ApiKeyRequestsTransport", "OAuth2Auth", "OAuth2Request
 _RETRY_CODES = RequestsHTTPTransport._default_retry_codes
 
 
-def _checked(url: str, headers: Mapping[str, Any] | None, auth: object, allow: bool) -> None:
+def _checked(
+    url: str,
+    headers: Mapping[str, Any] | None,
+    auth: object,
+    allow: bool,
+    proxies: object,
+) -> None:
     if auth is not None:
         raise ConfigurationError(
             "auth= cannot be used with this transport: it signs its requests itself"
@@ -75,6 +81,16 @@ def _checked(url: str, headers: Mapping[str, Any] | None, auth: object, allow: b
             "headers must not contain Authorization: the transport sets it on every request"
         )
     check_url(url, what="url", allow_insecure_http=allow)
+    check_proxy(url, _proxy_for(url, proxies), "proxies=", allow)
+
+
+def _proxy_for(url: object, proxies: object) -> str | None:
+    """The proxy of requests' ``proxies=`` for ``url``, chosen as requests chooses it
+    (``scheme://host``, ``all://host``, ``scheme``, ``all``)."""
+    if not isinstance(proxies, Mapping):
+        return None
+    chosen = select_proxy(str(url), dict(proxies))
+    return str(chosen) if chosen else None
 
 
 class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
@@ -123,7 +139,7 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         **kwargs: Any,
     ) -> None:
         signer = ApiKeyAuth(client_id, client_secret, allow_insecure_http=allow_insecure_http)
-        _checked(url, headers, auth, allow_insecure_http)
+        _checked(url, headers, auth, allow_insecure_http, kwargs.get("proxies"))
         super().__init__(
             url, headers, cookies, signer, use_json, timeout, verify, retries, method,
             retry_backoff_factor, retry_status_forcelist, json_serialize, json_deserialize,
@@ -262,14 +278,11 @@ class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         token_store: TokenStore | None = None,
         **kwargs: Any,
     ) -> None:
-        _checked(url, headers, auth, allow_insecure_http)
+        _checked(url, headers, auth, allow_insecure_http, kwargs.get("proxies"))
         inherited: dict[str, Any] = {"trust_env": True}
-        proxies = kwargs.get("proxies")
-        if isinstance(proxies, Mapping):
-            scheme = urlsplit(str(token_url)).scheme
-            proxy = proxies.get(scheme) or proxies.get("all")
-            if proxy:
-                inherited["proxy"] = proxy
+        proxy = _proxy_for(token_url, kwargs.get("proxies"))
+        if proxy:
+            inherited["proxy"] = proxy
         rules = oauth2_rules(
             token_url,
             client_id,

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 from typing import Any
 
 import httpx
 import pytest
 import requests
 from gql import Client, GraphQLRequest
-from support import COUNT, NO_WAIT, finish, in_child, poll, start_thread
+from support import COUNT, NO_WAIT, bare_401s, finish, in_child, poll, start_thread
 
 from gql_service_auth import ConfigurationError, TokenRequestError
 from gql_service_auth import httpx as service_httpx
@@ -38,6 +39,21 @@ def test_a_requests_session_renews_a_revoked_token_and_sends_again(emulator: Emu
     assert [r.status_code for r in answer.history] == [200]  # the refused answer
     assert emulator.counters.token_requests == 2
     assert "Bearer" in answer.request.headers["Authorization"]
+
+
+def test_a_streamed_requests_response_is_left_to_the_caller(emulator: Emulator) -> None:
+    """stream=True: the auth reads nothing of a 200, so the caller reads it all, raw; a
+    401 is small, and read: a revoked token is still renewed and the request sent again."""
+    with requests.Session() as session:
+        session.auth = service_requests.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+        with session.post(emulator.graphql_url, json=QUERY, stream=True) as answer:
+            assert json.loads(answer.raw.read()) == ANSWER
+        bare_401s(emulator)
+        emulator.revoke_tokens()
+        with session.post(emulator.graphql_url, json=QUERY, stream=True) as answer:
+            assert json.loads(answer.raw.read()) == ANSWER
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.graphql_requests == 3
 
 
 def test_a_requests_session_sends_the_api_key(emulator: Emulator) -> None:

@@ -9,6 +9,7 @@ forwards, so the emulator's record of each request tells which way it came.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from support import COUNT, PROXY_VARIABLES, Proxy, running_proxy
 from ways import WAYS, Call, Way
 
-from gql_service_auth import TokenRequestError
+from gql_service_auth import ConfigurationError
 from gql_service_auth.emulator import Emulator
 
 
@@ -134,12 +135,56 @@ def test_token_session_args_send_the_token_request_directly(
     assert _via_proxy(emulator, "/graphql") == [True]
 
 
+@pytest.mark.parametrize("method", ["api_key", "oauth2"])
 def test_a_remote_environment_proxy_gets_no_clear_text_credentials(
-    way: Way, oauth2: Callable[..., Any], emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+    way: Way,
+    oauth2: Callable[..., Any],
+    emulator: Emulator,
+    monkeypatch: pytest.MonkeyPatch,
+    method: str,
 ) -> None:
-    """An http:// token URL through a proxy that is not loopback is refused, not sent."""
+    """Plain http to loopback through a proxy that is not loopback is refused, not sent:
+    requests and httpx follow HTTP_PROXY by default, and the proxy would read the key or
+    token of every request, and the secret of the token request."""
     _set_http_proxy(monkeypatch, "http://192.0.2.1:3128")  # TEST-NET-1: never reached
-    with pytest.raises(TokenRequestError, match="NO_PROXY") as caught:
-        way.one(oauth2(), Call(COUNT))
-    assert not caught.value.retryable
+    client = emulator.recent_client
+    transport = (
+        way.api_key(
+            emulator.graphql_url, client_id=client.client_id, client_secret=client.client_secret
+        )
+        if method == "api_key"
+        else oauth2()
+    )
+    with pytest.raises(ConfigurationError, match="NO_PROXY"):
+        way.one(transport, Call(COUNT))
     assert emulator.counters.token_requests == 0
+    assert emulator.counters.graphql_requests == 0
+
+
+def test_a_remote_proxy_given_to_the_stack_gets_no_clear_text_credentials(
+    way: Way, oauth2: Callable[..., Any]
+) -> None:
+    with pytest.raises(ConfigurationError, match=r"192\.0\.2\.1"):
+        oauth2(**_stack_proxy(way, "http://192.0.2.1:3128"))
+    oauth2(**_stack_proxy(way, "http://192.0.2.1:3128"), allow_insecure_http=True)
+
+
+def test_the_token_request_follows_the_stacks_proxy_in_any_form_it_takes(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator, proxy: Proxy
+) -> None:
+    """requests' per-host keys (scheme://host, all://host); httpx's Proxy objects."""
+    host = emulator.token_url.split("/")[2].split(":")[0]
+    if way.name == "requests":
+        keyword: dict[str, Any] = {"proxies": {f"all://{host}": proxy.url}}
+    else:
+        keyword = {"proxy": importlib.import_module(_gql_httpx_module()).Proxy(proxy.url)}
+    way.one(oauth2(**keyword), Call(COUNT))
+    assert _via_proxy(emulator, "/oauth2/token") == [True]
+    assert _via_proxy(emulator, "/graphql") == [True]
+
+
+def _gql_httpx_module() -> str:
+    """The httpx gql imported (httpx2 when installed): its Proxy is the one its client takes."""
+    from gql.transport import httpx as gql_httpx
+
+    return gql_httpx.httpx.__name__  # type: ignore[attr-defined,no-any-return]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import trio
 from gql import Client, FileVar, GraphQLRequest
 from gql.transport.exceptions import (
     TransportConnectionFailed,
@@ -392,3 +393,74 @@ def test_a_timed_out_call_leaves_no_credential_in_its_chain(
     assert any("Timeout" in name for name in chain), chain
     token = transport.token.value
     assert shown(outcome, [token, emulator.recent_client.client_secret]) == []
+
+
+_REFUSED = {"data": None, "errors": [{"message": "expired", **_UNAUTHENTICATED}]}
+
+
+def test_a_resend_redirected_to_another_host_is_not_taken_for_a_refusal_of_the_new_token(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    """The stack drops our credentials on the way to another host: what that host answers
+    says nothing of the renewed token, which is neither dropped nor renewed again."""
+    if way.name == "requests":
+        pytest.skip("requests re-sends through the connection, which follows no redirect")
+    with Emulator(host="127.0.0.2").run_in_thread() as other:
+        transport = oauth2(follow_redirects=True, max_renewals=2)
+        way.one(transport, Call(COUNT))
+        emulator.fail_graphql_requests(1, body=_REFUSED)
+        emulator.fail_graphql_requests(5, 307, body=b"", headers={"Location": other.graphql_url})
+        with pytest.raises(TransportQueryError):  # the other host refuses a request without
+            way.one(transport, Call(COUNT))
+        assert [("Authorization" in r.headers) for r in other.requests] == [False]
+    assert emulator.counters.token_requests == 2  # the first, and one renewal: no more
+
+
+def test_a_resend_redirected_on_the_same_host_carries_the_renewed_token(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    transport = oauth2(follow_redirects=True) if way.name != "requests" else oauth2()
+    way.one(transport, Call(COUNT))
+    refused = transport.token.value
+    emulator.revoke_tokens()
+    emulator.fail_graphql_requests(1, body=_REFUSED)
+    emulator.fail_graphql_requests(
+        1, 307, body=b"", headers={"Location": emulator.graphql_url + "?moved=1"}
+    )
+    assert way.one(transport, Call(COUNT)) == ANSWER
+    sent = [r.headers["Authorization"] for r in emulator.requests if r.path == "/graphql"]
+    assert [refused in header for header in sent] == [True, True, False, False]
+    assert emulator.counters.token_requests == 2
+
+
+@pytest.mark.parametrize("way", [w for w in WAYS if w.loop == "trio"], ids=lambda w: w.name)
+def test_callers_waiting_for_a_token_leave_trios_worker_threads_to_the_application(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    """Under trio a wait for the token holds a thread: not one of the 40 the application's
+    own ``to_thread`` calls share."""
+    transport = oauth2()
+    order: list[str] = []
+    emulator.freeze_token_endpoint(2.0)
+
+    async def main() -> None:
+        with trio.fail_after(30):
+            await in_trio()
+
+    async def in_trio() -> None:
+        async with Client(transport=transport) as session, trio.open_nursery() as nursery:
+
+            async def query() -> None:
+                await session.execute(COUNT)
+                if "query" not in order:
+                    order.append("query")
+
+            for _ in range(60):  # more than trio's default limit of 40 worker threads
+                nursery.start_soon(query)
+            await trio.sleep(0.5)  # all of them waiting for the one fetch
+            await trio.to_thread.run_sync(lambda: None)
+            order.append("application's thread")
+
+    trio.run(main)
+    assert order == ["application's thread", "query"]
+    assert emulator.counters.token_requests == 1
