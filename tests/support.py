@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gql import Client, FileVar, GraphQLRequest, gql
 from gql.transport.aiohttp import AIOHTTPTransport
@@ -36,6 +36,9 @@ from gql_service_auth import (
     TokenStore,
 )
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
+
+if TYPE_CHECKING:
+    import pytest
 
 CARRIERS = gql("query { carriers(first: 10) { edges { node { id name } } } }")
 """The contract's authentication check query."""
@@ -598,6 +601,25 @@ def running_proxy(directory: Path, *options: str) -> Iterator[Proxy]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
+
+
+def set_http_proxy(monkeypatch: pytest.MonkeyPatch, url: str, no_proxy: str = "") -> None:
+    """Name ``url`` as the environment's http proxy, and ``no_proxy`` its exceptions."""
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, url)
+    if no_proxy:
+        for name in ("no_proxy", "NO_PROXY"):
+            monkeypatch.setenv(name, no_proxy)
+
+
+def via_proxy(emulator: Emulator, path: str) -> list[bool]:
+    """For each request to ``path`` the emulator saw, whether proxy.py forwarded it (it
+    adds ``Via: 1.1 proxy.py``)."""
+    return [
+        "proxy.py" in request.headers.get("Via", "")
+        for request in emulator.requests
+        if request.path == path
+    ]
 
 
 # -- Scripts in a fresh interpreter --------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support import COUNT, PROXY_VARIABLES, Proxy, running_proxy
+from support import COUNT, Proxy, running_proxy, set_http_proxy, via_proxy
 from ways import WAYS, Call, Way
 
 from gql_service_auth import ConfigurationError
@@ -25,13 +25,6 @@ from gql_service_auth.emulator import Emulator
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     with running_proxy(tmp_path_factory.mktemp("proxy")) as running:
         yield running
-
-
-@pytest.fixture(autouse=True)
-def no_proxy_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
 
 
 @pytest.fixture(params=WAYS, ids=lambda way: way.name)
@@ -61,29 +54,13 @@ def _stack_proxy(way: Way, url: str) -> dict[str, Any]:
     return {"proxy": url}
 
 
-def _via_proxy(emulator: Emulator, path: str) -> list[bool]:
-    return [
-        "proxy.py" in request.headers.get("Via", "")
-        for request in emulator.requests
-        if request.path == path
-    ]
-
-
-def _set_http_proxy(monkeypatch: pytest.MonkeyPatch, url: str, no_proxy: str = "") -> None:
-    for name in ("http_proxy", "HTTP_PROXY"):
-        monkeypatch.setenv(name, url)
-    for name in ("no_proxy", "NO_PROXY"):
-        if no_proxy:
-            monkeypatch.setenv(name, no_proxy)
-
-
 def test_the_stacks_own_proxy_carries_the_token_request(
     way: Way, oauth2: Callable[..., Any], emulator: Emulator, proxy: Proxy
 ) -> None:
     """requests' proxies= and httpx's proxy= apply to the token request too."""
     way.one(oauth2(**_stack_proxy(way, proxy.url)), Call(COUNT))
-    assert _via_proxy(emulator, "/oauth2/token") == [True]
-    assert _via_proxy(emulator, "/graphql") == [True]
+    assert via_proxy(emulator, "/oauth2/token") == [True]
+    assert via_proxy(emulator, "/graphql") == [True]
 
 
 def test_the_environments_proxy_carries_the_token_request(
@@ -94,10 +71,10 @@ def test_the_environments_proxy_carries_the_token_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Both stacks read HTTP_PROXY by default, and so does their token request."""
-    _set_http_proxy(monkeypatch, proxy.url)
+    set_http_proxy(monkeypatch, proxy.url)
     way.one(oauth2(), Call(COUNT))
-    assert _via_proxy(emulator, "/oauth2/token") == [True]
-    assert _via_proxy(emulator, "/graphql") == [True]
+    assert via_proxy(emulator, "/oauth2/token") == [True]
+    assert via_proxy(emulator, "/graphql") == [True]
 
 
 def test_no_proxy_is_honoured_for_the_token_request(
@@ -107,18 +84,18 @@ def test_no_proxy_is_honoured_for_the_token_request(
     proxy: Proxy,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _set_http_proxy(monkeypatch, proxy.url, no_proxy="127.0.0.1")
+    set_http_proxy(monkeypatch, proxy.url, no_proxy="127.0.0.1")
     way.one(oauth2(), Call(COUNT))
-    assert _via_proxy(emulator, "/oauth2/token") == [False]
-    assert _via_proxy(emulator, "/graphql") == [False]
+    assert via_proxy(emulator, "/oauth2/token") == [False]
+    assert via_proxy(emulator, "/graphql") == [False]
 
 
 def test_token_proxy_carries_the_token_request_alone(
     way: Way, oauth2: Callable[..., Any], emulator: Emulator, proxy: Proxy
 ) -> None:
     way.one(oauth2(token_proxy=proxy.url), Call(COUNT))
-    assert _via_proxy(emulator, "/oauth2/token") == [True]
-    assert _via_proxy(emulator, "/graphql") == [False]
+    assert via_proxy(emulator, "/oauth2/token") == [True]
+    assert via_proxy(emulator, "/graphql") == [False]
 
 
 def test_token_session_args_send_the_token_request_directly(
@@ -129,10 +106,10 @@ def test_token_session_args_send_the_token_request_directly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """token_session_args={} replaces what the stack says, as on the aiohttp transport."""
-    _set_http_proxy(monkeypatch, proxy.url)
+    set_http_proxy(monkeypatch, proxy.url)
     way.one(oauth2(token_session_args={}), Call(COUNT))
-    assert _via_proxy(emulator, "/oauth2/token") == [False]
-    assert _via_proxy(emulator, "/graphql") == [True]
+    assert via_proxy(emulator, "/oauth2/token") == [False]
+    assert via_proxy(emulator, "/graphql") == [True]
 
 
 @pytest.mark.parametrize("method", ["api_key", "oauth2"])
@@ -146,7 +123,7 @@ def test_a_remote_environment_proxy_gets_no_clear_text_credentials(
     """Plain http to loopback through a proxy that is not loopback is refused, not sent:
     requests and httpx follow HTTP_PROXY by default, and the proxy would read the key or
     token of every request, and the secret of the token request."""
-    _set_http_proxy(monkeypatch, "http://192.0.2.1:3128")  # TEST-NET-1: never reached
+    set_http_proxy(monkeypatch, "http://192.0.2.1:3128")  # TEST-NET-1: never reached
     client = emulator.recent_client
     transport = (
         way.api_key(
@@ -179,8 +156,8 @@ def test_the_token_request_follows_the_stacks_proxy_in_any_form_it_takes(
     else:
         keyword = {"proxy": importlib.import_module(_gql_httpx_module()).Proxy(proxy.url)}
     way.one(oauth2(**keyword), Call(COUNT))
-    assert _via_proxy(emulator, "/oauth2/token") == [True]
-    assert _via_proxy(emulator, "/graphql") == [True]
+    assert via_proxy(emulator, "/oauth2/token") == [True]
+    assert via_proxy(emulator, "/graphql") == [True]
 
 
 def _gql_httpx_module() -> str:

@@ -21,11 +21,12 @@ from gql import Client
 from gql.transport.exceptions import TransportConnectionFailed
 from support import (
     COUNT,
-    PROXY_VARIABLES,
     Proxy,
     closed_port,
     exception_chain,
     running_proxy,
+    set_http_proxy,
+    via_proxy,
     wait_until,
 )
 from yarl import URL
@@ -68,31 +69,6 @@ def auth_proxy(tmp_path: Path, proxy_login: tuple[str, str]) -> Iterator[Proxy]:
         yield running
 
 
-@pytest.fixture(autouse=True)
-def no_proxy_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts with no proxy variables, whatever the machine has."""
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-
-
-def _set_http_proxy(monkeypatch: pytest.MonkeyPatch, url: str, no_proxy: str = "") -> None:
-    for name in ("http_proxy", "HTTP_PROXY"):
-        monkeypatch.setenv(name, url)
-    if no_proxy:
-        for name in ("no_proxy", "NO_PROXY"):
-            monkeypatch.setenv(name, no_proxy)
-
-
-def _via_proxy(emulator: Emulator, path: str) -> list[bool]:
-    """For each request to ``path``, whether proxy.py forwarded it."""
-    return [
-        "proxy.py" in request.headers.get("Via", "")
-        for request in emulator.requests
-        if request.path == path
-    ]
-
-
 async def _query(transport: OAuth2Transport) -> None:
     async with Client(transport=transport) as session:
         await session.execute(COUNT)
@@ -104,8 +80,8 @@ async def test_token_proxy_carries_the_token_request(
     """token_proxy= sends the token request, and only it, through the proxy."""
     await _query(make_oauth2(token_proxy=proxy.url))
     assert emulator.counters.token_requests == 1
-    assert _via_proxy(emulator, "/oauth2/token") == [True]
-    assert _via_proxy(emulator, "/graphql") == [False]
+    assert via_proxy(emulator, "/oauth2/token") == [True]
+    assert via_proxy(emulator, "/graphql") == [False]
     await wait_until(lambda: proxy.forwarded(emulator, "/oauth2/token"))
 
 
@@ -115,7 +91,7 @@ async def test_token_proxy_passes_through_from_env(
     """from_env() passes token_proxy= on to the constructor."""
     transport = OAuth2Transport.from_env(service_env, token_proxy=URL(proxy.url))
     await _query(transport)
-    assert _via_proxy(emulator, "/oauth2/token") == [True]
+    assert via_proxy(emulator, "/oauth2/token") == [True]
 
 
 async def test_trust_env_of_the_graphql_session_sends_the_token_request_through_http_proxy(
@@ -125,10 +101,10 @@ async def test_trust_env_of_the_graphql_session_sends_the_token_request_through_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """client_session_args={"trust_env": True} applies to the token request by default."""
-    _set_http_proxy(monkeypatch, proxy.url)
+    set_http_proxy(monkeypatch, proxy.url)
     await _query(make_oauth2(client_session_args={"trust_env": True}))
-    assert _via_proxy(emulator, "/oauth2/token") == [True]
-    assert _via_proxy(emulator, "/graphql") == [True]
+    assert via_proxy(emulator, "/oauth2/token") == [True]
+    assert via_proxy(emulator, "/graphql") == [True]
     await wait_until(lambda: proxy.forwarded(emulator, "/oauth2/token"))
 
 
@@ -139,10 +115,10 @@ async def test_no_proxy_is_honoured_for_the_token_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With trust_env, a token host listed in NO_PROXY is reached directly."""
-    _set_http_proxy(monkeypatch, proxy.url, no_proxy="127.0.0.1")
+    set_http_proxy(monkeypatch, proxy.url, no_proxy="127.0.0.1")
     await _query(make_oauth2(client_session_args={"trust_env": True}))
     assert emulator.counters.token_requests == 1
-    assert _via_proxy(emulator, "/oauth2/token") == [False]
+    assert via_proxy(emulator, "/oauth2/token") == [False]
     assert not proxy.forwarded(emulator, "/oauth2/token")
 
 
@@ -153,10 +129,10 @@ async def test_without_trust_env_the_token_request_ignores_http_proxy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """By default, as in aiohttp, HTTP_PROXY is not read: the token request goes directly."""
-    _set_http_proxy(monkeypatch, proxy.url)
+    set_http_proxy(monkeypatch, proxy.url)
     await _query(make_oauth2())
     assert emulator.counters.token_requests == 1
-    assert _via_proxy(emulator, "/oauth2/token") == [False]
+    assert via_proxy(emulator, "/oauth2/token") == [False]
 
 
 async def test_the_graphql_sessions_proxy_is_followed_by_default(
@@ -164,8 +140,8 @@ async def test_the_graphql_sessions_proxy_is_followed_by_default(
 ) -> None:
     """client_session_args={"proxy": ...} carries the token request too."""
     await _query(make_oauth2(client_session_args={"proxy": proxy.url}))
-    assert _via_proxy(emulator, "/oauth2/token") == [True]
-    assert _via_proxy(emulator, "/graphql") == [True]
+    assert via_proxy(emulator, "/oauth2/token") == [True]
+    assert via_proxy(emulator, "/graphql") == [True]
 
 
 async def test_token_session_args_replace_what_client_session_args_say(
@@ -175,13 +151,13 @@ async def test_token_session_args_replace_what_client_session_args_say(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """token_session_args={} sends the token request directly, however the GraphQL goes."""
-    _set_http_proxy(monkeypatch, proxy.url)
+    set_http_proxy(monkeypatch, proxy.url)
     transport = make_oauth2(
         client_session_args={"proxy": proxy.url, "trust_env": True}, token_session_args={}
     )
     await _query(transport)
-    assert _via_proxy(emulator, "/oauth2/token") == [False]
-    assert _via_proxy(emulator, "/graphql") == [True]
+    assert via_proxy(emulator, "/oauth2/token") == [False]
+    assert via_proxy(emulator, "/graphql") == [True]
 
 
 async def test_trust_env_in_token_session_args(
@@ -191,10 +167,10 @@ async def test_trust_env_in_token_session_args(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """token_session_args={"trust_env": True} proxies the token request alone."""
-    _set_http_proxy(monkeypatch, proxy.url)
+    set_http_proxy(monkeypatch, proxy.url)
     await _query(make_oauth2(token_session_args={"trust_env": True}))
-    assert _via_proxy(emulator, "/oauth2/token") == [True]
-    assert _via_proxy(emulator, "/graphql") == [False]
+    assert via_proxy(emulator, "/oauth2/token") == [True]
+    assert via_proxy(emulator, "/graphql") == [False]
 
 
 async def test_proxy_credentials_in_the_url_or_as_proxy_auth(
@@ -217,7 +193,7 @@ async def test_proxy_credentials_in_the_url_or_as_proxy_auth(
     # filter would turn that into an error.
     args: Any = {"proxy": auth_proxy.url, "proxy_auth": login}
     await _query(make_oauth2(token_session_args=args))
-    assert _via_proxy(emulator, "/oauth2/token") == [True, True]
+    assert via_proxy(emulator, "/oauth2/token") == [True, True]
 
 
 async def test_a_proxy_refusing_its_credentials_is_reported_without_them(
@@ -265,7 +241,7 @@ async def test_a_connector_factory_is_called_for_each_fetch(
         await session.execute(COUNT)
     assert len(made) == 2
     assert all(c.closed for c in made)
-    assert _via_proxy(emulator, "/oauth2/token") == [True, True]
+    assert via_proxy(emulator, "/oauth2/token") == [True, True]
 
 
 async def test_a_connector_factory_returning_one_instance_fails_clearly(
@@ -381,7 +357,7 @@ async def test_plain_http_token_url_through_a_remote_environment_proxy_is_refuse
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With trust_env, an HTTP_PROXY that is not loopback gets no clear-text credentials."""
-    _set_http_proxy(monkeypatch, _UNROUTABLE_PROXY)
+    set_http_proxy(monkeypatch, _UNROUTABLE_PROXY)
     transport = make_oauth2(client_session_args={"trust_env": True})
     with pytest.raises(TokenRequestError, match="NO_PROXY") as caught:
         await _query(transport)
