@@ -29,7 +29,6 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
     ) from exc
 
 import json
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from ssl import SSLContext
@@ -60,15 +59,15 @@ from ._http_auth import (
 )
 from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import forgets_on_error
-from ._settings import api_key_env, oauth2_env
+from ._stack_transports import ApiKeyTransportParts, OAuth2TransportParts
 from ._store import TokenStore
-from ._token import AccessToken, Clock
+from ._token import Clock
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):
-        from typing import Self
+        pass
     else:
-        from typing_extensions import Self
+        pass
 
 __all__ = [
     "ApiKeyAuth",
@@ -108,7 +107,7 @@ def _proxy_url(proxy: object) -> str | None:
     return text
 
 
-class _ApiKeySettings(DropsClientInChild):
+class _ApiKeySettings(ApiKeyTransportParts, DropsClientInChild):
     """The constructor and ``from_env`` of the API key transports."""
 
     kwargs: dict[str, Any]
@@ -133,33 +132,8 @@ class _ApiKeySettings(DropsClientInChild):
         self._signer = signer
         self._forget_client_in_children()
 
-    @classmethod
-    @forgets_on_error
-    def from_env(
-        cls,
-        environ: Mapping[str, str] = os.environ,
-        *,
-        url: str | None = None,
-        client_id: str | None = None,
-        client_secret: str | None = None,
-        **kwargs: Any,
-    ) -> Self:
-        """Build the transport from the ``SERVICE_*`` environment variables, as
-        :meth:`ApiKeyTransport.from_env <gql_service_auth.ApiKeyTransport.from_env>` does;
-        ``**kwargs`` go to the constructor."""
-        settings = api_key_env(environ, url=url, client_id=client_id, client_secret=client_secret)
-        return cls(**settings, **kwargs)
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
-
-    @property
-    def _secret_list(self) -> list[str]:
-        # Read when needed, never kept on the transport: vars() shows what it keeps.
-        return self._signer._rules.secrets()
-
-
-class _OAuth2Settings(DropsClientInChild):
+class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
     """The constructor, ``from_env`` and ``token`` of the OAuth2 transports."""
 
     kwargs: dict[str, Any]
@@ -222,40 +196,6 @@ class _OAuth2Settings(DropsClientInChild):
         self.token_url = token_url
         self._rules: OAuth2Rules = rules
         self._forget_client_in_children()
-
-    @classmethod
-    @forgets_on_error
-    def from_env(
-        cls,
-        environ: Mapping[str, str] = os.environ,
-        *,
-        url: str | None = None,
-        token_url: str | None = None,
-        client_id: str | None = None,
-        client_secret: str | None = None,
-        **kwargs: Any,
-    ) -> Self:
-        """Build the transport from the ``SERVICE_*`` environment variables, as
-        :meth:`OAuth2Transport.from_env <gql_service_auth.OAuth2Transport.from_env>` does
-        (``SERVICE_TOKEN_STORE_URL`` included); ``**kwargs`` go to the constructor."""
-        return cls(
-            **oauth2_env(
-                environ,
-                kwargs,
-                url=url,
-                token_url=token_url,
-                client_id=client_id,
-                client_secret=client_secret,
-            )
-        )
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
-
-    @property
-    def token(self) -> AccessToken | None:
-        """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
-        return self._rules.tokens.token
 
 
 _API_KEY_DOC = """A gql ``{base}`` that authenticates with the service's API key.

@@ -26,7 +26,6 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
     ) from exc
 
 import json
-import os
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from http.cookiejar import CookieJar
@@ -50,15 +49,15 @@ from ._fork import DropsClientInChild
 from ._http_auth import api_key_call, check_proxy, oauth2_call
 from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import forgets_on_error
-from ._settings import api_key_env, oauth2_env
+from ._stack_transports import ApiKeyTransportParts, OAuth2TransportParts
 from ._store import TokenStore
-from ._token import AccessToken, Clock
+from ._token import Clock
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):
-        from typing import Self
+        pass
     else:
-        from typing_extensions import Self
+        pass
 
 __all__ = ["ApiKeyAuth", "ApiKeyRequestsTransport", "OAuth2Auth", "OAuth2RequestsTransport"]
 
@@ -93,7 +92,7 @@ def _proxy_for(url: object, proxies: object) -> str | None:
     return str(chosen) if chosen else None
 
 
-class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
+class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, RequestsHTTPTransport):
     """A gql ``RequestsHTTPTransport`` that authenticates with the service's API key.
 
     Sends ``Authorization: SERVICE-API-KEY <client_id>:<client_secret>`` on every request,
@@ -148,31 +147,6 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         self._signer = signer
         self._forget_client_in_children()
 
-    @classmethod
-    @forgets_on_error
-    def from_env(
-        cls,
-        environ: Mapping[str, str] = os.environ,
-        *,
-        url: str | None = None,
-        client_id: str | None = None,
-        client_secret: str | None = None,
-        **kwargs: Any,
-    ) -> Self:
-        """Build the transport from the ``SERVICE_*`` environment variables, as
-        :meth:`ApiKeyTransport.from_env <gql_service_auth.ApiKeyTransport.from_env>` does;
-        ``**kwargs`` go to the constructor."""
-        settings = api_key_env(environ, url=url, client_id=client_id, client_secret=client_secret)
-        return cls(**settings, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} url={getattr(self, 'url', None)!r}>"
-
-    @property
-    def _secret_list(self) -> list[str]:
-        # Read when needed, never kept on the transport: vars() shows what it keeps.
-        return self._signer._rules.secrets()
-
     @forgets_on_error
     def execute(
         self,
@@ -211,7 +185,7 @@ class ApiKeyRequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         )
 
 
-class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
+class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, RequestsHTTPTransport):
     """A gql ``RequestsHTTPTransport`` that authenticates with OAuth 2.0 client credentials.
 
     The same promises as :class:`~gql_service_auth.OAuth2Transport`, without an event
@@ -313,40 +287,6 @@ class OAuth2RequestsTransport(DropsClientInChild, RequestsHTTPTransport):
         self.token_url = token_url
         self._rules = rules
         self._forget_client_in_children()
-
-    @classmethod
-    @forgets_on_error
-    def from_env(
-        cls,
-        environ: Mapping[str, str] = os.environ,
-        *,
-        url: str | None = None,
-        token_url: str | None = None,
-        client_id: str | None = None,
-        client_secret: str | None = None,
-        **kwargs: Any,
-    ) -> Self:
-        """Build the transport from the ``SERVICE_*`` environment variables, as
-        :meth:`OAuth2Transport.from_env <gql_service_auth.OAuth2Transport.from_env>` does
-        (``SERVICE_TOKEN_STORE_URL`` included); ``**kwargs`` go to the constructor."""
-        return cls(
-            **oauth2_env(
-                environ,
-                kwargs,
-                url=url,
-                token_url=token_url,
-                client_id=client_id,
-                client_secret=client_secret,
-            )
-        )
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} url={getattr(self, 'url', None)!r}>"
-
-    @property
-    def token(self) -> AccessToken | None:
-        """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
-        return self._rules.tokens.token
 
     @forgets_on_error
     def execute(

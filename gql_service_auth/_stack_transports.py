@@ -1,0 +1,90 @@
+"""What the requests and httpx transports share, whatever their stack: ``from_env``, the
+``repr``, and where the credentials are read. No HTTP stack is imported here."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._http_auth import OAuth2Rules
+from ._redact import forgets_on_error
+from ._settings import api_key_env, oauth2_env
+from ._token import AccessToken
+
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from typing import Self
+    else:
+        from typing_extensions import Self
+
+
+class _Shown:
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
+
+
+class ApiKeyTransportParts(_Shown):
+    """``from_env`` of an API key transport, and its secret, read from its auth object."""
+
+    _signer: Any
+
+    @classmethod
+    @forgets_on_error
+    def from_env(
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Build the transport from the ``SERVICE_*`` environment variables, as
+        :meth:`ApiKeyTransport.from_env <gql_service_auth.ApiKeyTransport.from_env>` does;
+        ``**kwargs`` go to the constructor."""
+        settings = api_key_env(environ, url=url, client_id=client_id, client_secret=client_secret)
+        return cls(**settings, **kwargs)
+
+    @property
+    def _secret_list(self) -> list[str]:
+        # Read when needed, never kept on the transport: vars() shows what it keeps.
+        secrets: list[str] = self._signer._rules.secrets()
+        return secrets
+
+
+class OAuth2TransportParts(_Shown):
+    """``from_env`` of an OAuth2 transport, and its cached token."""
+
+    _rules: OAuth2Rules
+
+    @classmethod
+    @forgets_on_error
+    def from_env(
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        url: str | None = None,
+        token_url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Build the transport from the ``SERVICE_*`` environment variables, as
+        :meth:`OAuth2Transport.from_env <gql_service_auth.OAuth2Transport.from_env>` does
+        (``SERVICE_TOKEN_STORE_URL`` included); ``**kwargs`` go to the constructor."""
+        settings = oauth2_env(
+            environ,
+            kwargs,
+            url=url,
+            token_url=token_url,
+            client_id=client_id,
+            client_secret=client_secret,
+        )
+        return cls(**settings)
+
+    @property
+    def token(self) -> AccessToken | None:
+        """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
+        return self._rules.tokens.token
