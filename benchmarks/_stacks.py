@@ -53,7 +53,7 @@ def _contenders(stack: str, url: str, token_url: str) -> dict[str, Callable[[], 
     return {
         "gql, fixed header": lambda: gql_class(url, headers=HEADER),
         "API key": lambda: api_key(url, **CREDENTIALS),
-        "OAuth2": lambda: oauth2(url, token_url=token_url, **CREDENTIALS),
+        "OAuth2": lambda: oauth2(url, token_url=token_url, share_tokens=False, **CREDENTIALS),
     }
 
 
@@ -166,7 +166,7 @@ def herd(
     rows: dict[str, Any] = {}
     for stack, (_, _, oauth2, is_async) in STACKS.items():
         before = token_requests()
-        transport = oauth2(url, token_url=token_url, **CREDENTIALS)
+        transport = oauth2(url, token_url=token_url, share_tokens=False, **CREDENTIALS)
         failed = (
             asyncio.run(_async_herd(transport, callers))
             if is_async

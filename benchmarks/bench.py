@@ -173,7 +173,11 @@ def api_key(url: str, token_url: str, client_id: str, client_secret: str) -> AIO
 
 def oauth2(url: str, token_url: str, client_id: str, client_secret: str) -> AIOHTTPTransport:
     return OAuth2Transport(
-        url, token_url=token_url, client_id=client_id, client_secret=client_secret
+        url,
+        token_url=token_url,
+        client_id=client_id,
+        client_secret=client_secret,
+        share_tokens=False,  # each run measures a transport's own token cost
     )
 
 
@@ -451,6 +455,7 @@ async def early_renewal(sizes: Sizes) -> dict[str, Any]:
             token_url=emulator.token_url,
             client_id=client.client_id,
             client_secret=client.client_secret,
+            share_tokens=False,
         )
         async with connected(transport) as session:
             await session.execute(QUERY)
@@ -488,6 +493,7 @@ async def loop_health(sizes: Sizes) -> dict[str, Any]:
                     client_id="bench",
                     client_secret="secret",
                     clock=clock,
+                    share_tokens=False,
                 )
             else:
                 transport = baseline(server.base_url + "/graphql", token_url, *LEAN_CREDENTIALS)
@@ -540,6 +546,7 @@ def latency_oauth2(emulator: Emulator, refresh_margin: float) -> AIOHTTPTranspor
         client_id=client.client_id,
         client_secret=client.client_secret,
         refresh_margin=refresh_margin,
+        share_tokens=False,
     )
 
 
@@ -1189,6 +1196,7 @@ def store_contender() -> Iterator[Factory | None]:
                         client_id=client_id,
                         client_secret=secret,
                         token_store=store,
+                        share_tokens=False,  # each stands in for a process
                     )
 
                 yield make

@@ -53,6 +53,7 @@ class OAuth2Options(AIOHTTPTransportOptions, total=False):
     token_session_args: TokenSessionArgs | None
     token_proxy: str | URL | None
     token_store: TokenStore | None
+    share_tokens: bool
 
 
 class ApiKeyOptions(AIOHTTPTransportOptions, total=False):

@@ -18,7 +18,7 @@ import asyncio
 import base64
 import os
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from ssl import SSLContext
 from typing import Any, Final, TypedDict
@@ -35,6 +35,7 @@ from ._constants import MAX_TOKEN_RESPONSE_BYTES
 from ._errors import ConfigurationError, TokenRequestError
 from ._oauth2 import FormAnswer, secrets_sent
 from ._redact import redact_chain, redact_text
+from ._sharing import Same
 
 
 class TokenSessionArgs(TypedDict, total=False):
@@ -138,6 +139,29 @@ class TokenSession:
                 except ValueError:
                     continue  # aiohttp cannot use it either
         return found
+
+    def sharing_key(self, url: str | URL) -> Hashable:
+        """Where this session sends a request to ``url``, and how: sessions with equal
+        keys send the same request to the same place, so their tokens are shared.
+
+        With ``trust_env``, what the environment says now (a proxy for ``url``, a
+        ``.netrc``); with neither, trusting it changes nothing.
+        """
+        environment: tuple[str | None, bool] = (None, False)
+        target = URL(url)
+        if self.trust_env and self.proxy is None:
+            bypassed = target.host is None or proxy_bypass(target.host)
+            proxy = None if bypassed else getproxies().get(target.scheme)
+            netrc = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+            environment = (proxy or None, os.path.exists(netrc))
+        options = tuple(sorted((key, _hashable(value)) for key, value in self.options.items()))
+        return (
+            str(self.proxy) if self.proxy is not None else None,
+            environment,
+            Same(self.connector),
+            options,
+            self.allow_insecure_http,
+        )
 
     def make_connector(self) -> aiohttp.BaseConnector | None:
         """A new connector for one fetch, on the running loop; ``None`` for aiohttp's own.
@@ -287,6 +311,15 @@ def resolve_token_session(
     )
 
 
+def _hashable(value: object) -> Hashable:
+    """``value`` as part of a sharing key: itself if it compares by value, else by identity."""
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(each) for each in value)
+    if isinstance(value, str | bytes | int | float | bool | type(None)):
+        return value
+    return Same(value)
+
+
 def _check_keys(args: Mapping[str, Any]) -> None:
     for key in sorted(args, key=str):
         if key in _REFUSED:
@@ -390,13 +423,28 @@ class AiohttpFormPoster:
     """
 
     def __init__(
-        self, *, ssl: SSLContext | bool | Fingerprint = True, session: TokenSession | None = None
+        self,
+        *,
+        ssl: SSLContext | bool | Fingerprint = True,
+        session: TokenSession | None = None,
+        verify: object = None,
     ) -> None:
         self._ssl = ssl
         self._session = session or TokenSession()
+        # A CA bundle's path makes a new SSLContext per transport: the path is what
+        # tells two such posters alike.
+        self._ssl_key = (
+            os.fsdecode(verify) if isinstance(verify, str | bytes | os.PathLike) else None
+        )
 
     def __repr__(self) -> str:
         return f"<AiohttpFormPoster {self._session!r}>"
+
+    def sharing_key(self, url: str | URL) -> Hashable:
+        """What makes two posters send a token request to ``url`` alike (see
+        :meth:`TokenSession.sharing_key`); an ``SSLContext`` counts as itself."""
+        ssl_key = self._ssl_key if self._ssl_key is not None else _hashable(self._ssl)
+        return (ssl_key, self._session.sharing_key(url))
 
     def secrets(self) -> list[str]:
         """The proxy credentials a request may carry, which an answer may quote back."""

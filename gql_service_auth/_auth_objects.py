@@ -65,6 +65,7 @@ class OAuth2AuthOptions(TypedDict, total=False):
     token_session_args: TokenSessionArgs | None
     token_proxy: str | URL | None
     token_store: TokenStore | None
+    share_tokens: bool
 
 
 def oauth2_rules(
@@ -86,6 +87,7 @@ def oauth2_rules(
     token_session_args: TokenSessionArgs | None,
     token_proxy: str | URL | None,
     token_store: TokenStore | None,
+    share_tokens: bool,
     inherited: Mapping[str, Any],
     inherited_from: str,
 ) -> OAuth2Rules:
@@ -114,7 +116,7 @@ def oauth2_rules(
     tokens = token_manager(
         token_url,
         credentials,
-        post=AiohttpFormPoster(ssl=ssl_of_verify(verify), session=session),
+        post=AiohttpFormPoster(ssl=ssl_of_verify(verify), session=session, verify=verify),
         scope=joined_scope(scope),
         token_params=token_params,
         token_auth_method=token_auth_method,
@@ -124,6 +126,7 @@ def oauth2_rules(
         emit=emit,
         clock=clock,
         token_store=token_store,
+        share=share_tokens,
     )
     return OAuth2Rules(
         credentials,
@@ -204,7 +207,7 @@ class OAuth2AuthBase:
         client_secret: The Client Secret from the console; never shown.
         scope, token_params, token_auth_method, refresh_margin, default_expires_in,
             max_renewals, retry, on_event, clock, token_session_args, token_proxy,
-            token_store: As :class:`~gql_service_auth.OAuth2Transport`'s. The token
+            token_store, share_tokens: As :class:`~gql_service_auth.OAuth2Transport`'s. The token
             request goes through aiohttp; with ``token_session_args=None`` it takes
             proxies from the environment (``trust_env``), as requests and httpx do.
         allow_insecure_http: Allow plain ``http://`` to hosts that are not loopback.
@@ -236,6 +239,7 @@ class OAuth2AuthBase:
         token_session_args: TokenSessionArgs | None = None,
         token_proxy: str | URL | None = None,
         token_store: TokenStore | None = None,
+        share_tokens: bool = True,
     ) -> None:
         self.token_url = token_url
         self._rules = oauth2_rules(
@@ -256,6 +260,7 @@ class OAuth2AuthBase:
             token_session_args=token_session_args,
             token_proxy=token_proxy,
             token_store=token_store,
+            share_tokens=share_tokens,
             inherited={"trust_env": True},
             inherited_from="the environment (trust_env)",
         )

@@ -133,5 +133,12 @@ STORE_POLL_MIN: Final = 0.02
 STORE_POLL_MAX: Final = 0.08
 """Seconds: the longest such wait; each is drawn at random in between (jitter)."""
 
+SHARED_TOKENS_KEPT: Final = 64
+"""Token managers a process keeps while their token is usable, with no transport left.
+
+So that transports built one per call share a token whatever the garbage collector does;
+one per set of credentials and token settings, the least recently used going first.
+"""
+
 LOGGER_NAME: Final = "gql_service_auth"
 """Name of the package's logger; event names in log records start with it."""

@@ -3,10 +3,13 @@
 # No "from __future__ import annotations": AuthEvent's annotations stay objects, so
 # typing.get_type_hints(AuthEvent) needs no lookup in the module its __module__ names.
 import logging
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from . import _fork
 from ._constants import LOGGER_NAME
 
 EventName: TypeAlias = Literal[
@@ -135,39 +138,85 @@ def _plain(text: str) -> str:
     return text if text.isascii() and text.isprintable() and " " not in text else repr(text)
 
 
+def _log(event: AuthEvent) -> None:
+    level = _LEVELS[event.name]
+    if not logger.isEnabledFor(level):  # nothing is built for a disabled level
+        return
+    fields = {k: getattr(event, k) for k in AuthEvent.__slots__ if k != "name"}
+    # A constant template per event and set of fields, with lazy arguments: log services
+    # group records by template, and a handler formats only what it emits.
+    template = LOGGER_NAME + "." + event.name
+    args: list[object] = []
+    for key, conversion in _MESSAGE_FIELDS:
+        value = fields[key]
+        if value is None:
+            continue
+        template += " " + key + "=" + conversion
+        args.append(_plain(value) if isinstance(value, str) else value)
+        if key == "attempt" and event.max_attempts is not None:
+            template += "/%d"
+            args.append(event.max_attempts)
+    logger.log(
+        level,
+        template,
+        *args,
+        extra={"gql_service_auth": {k: v for k, v in fields.items() if v is not None}},
+    )
+
+
 class Emitter:
     """Logs each event under its stable name and passes it to the user's hook."""
 
-    __slots__ = ("_hook",)
+    __slots__ = ("__weakref__", "_hook")
 
     def __init__(self, hook: EventHook | None) -> None:
         self._hook = hook
 
     def __call__(self, event: AuthEvent) -> None:
-        level = _LEVELS[event.name]
-        if logger.isEnabledFor(level):  # nothing is built for a disabled level
-            fields = {k: getattr(event, k) for k in AuthEvent.__slots__ if k != "name"}
-            # A constant template per event and set of fields, with lazy arguments: log
-            # services group records by template, and a handler formats only what it emits.
-            template = LOGGER_NAME + "." + event.name
-            args: list[object] = []
-            for key, conversion in _MESSAGE_FIELDS:
-                value = fields[key]
-                if value is None:
-                    continue
-                template += " " + key + "=" + conversion
-                args.append(_plain(value) if isinstance(value, str) else value)
-                if key == "attempt" and event.max_attempts is not None:
-                    template += "/%d"
-                    args.append(event.max_attempts)
-            logger.log(
-                level,
-                template,
-                *args,
-                extra={"gql_service_auth": {k: v for k, v in fields.items() if v is not None}},
-            )
+        _log(event)
+        self.notify(event)
+
+    def notify(self, event: AuthEvent) -> None:
+        """Pass ``event`` to the hook alone, without logging it."""
         if self._hook is not None:
             try:
                 self._hook(event)
             except Exception:
                 logger.exception("%s.hook_failed event=%s", LOGGER_NAME, event.name)
+
+
+class Subscribers:
+    """The emitter of a token shared by transports: logs each event once and passes it to
+    the hook of every transport still alive that shares the token.
+
+    Held weakly, so a transport that is gone stops hearing, and is not kept alive by the
+    token it used. A copy starts with no subscriber: the copied transport subscribes anew.
+    """
+
+    __slots__ = ("__weakref__", "_emitters", "_lock")
+
+    def __init__(self) -> None:
+        self._emitters: weakref.WeakSet[Emitter] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        _fork.reset_in_child(self)
+
+    def __repr__(self) -> str:
+        return f"<Subscribers {len(self._emitters)}>"
+
+    def __reduce__(self) -> "tuple[type[Subscribers], tuple[()]]":
+        return Subscribers, ()
+
+    def add(self, emitter: Emitter) -> None:
+        """Pass the events to ``emitter``'s hook too, for as long as ``emitter`` lives."""
+        with self._lock:
+            self._emitters.add(emitter)
+
+    def __call__(self, event: AuthEvent) -> None:
+        _log(event)
+        with self._lock:
+            emitters = list(self._emitters)
+        for emitter in emitters:
+            emitter.notify(event)
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork

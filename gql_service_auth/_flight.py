@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import threading
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import TokenRequestError
 from ._events import AuthEvent
+from ._loop_thread import close_own_loop
 from ._token import AccessToken
 
 _POLL_INTERVAL = 0.05
@@ -30,6 +33,50 @@ class Flight:
     reason: str
     #: Runs on its caller's loop, for that caller only (no thread could be started).
     private: bool = False
+
+
+Fly = Callable[[Flight], Coroutine[Any, Any, None]]
+"""Carries one flight out: fetches, and publishes the outcome on its future."""
+
+
+def launch(reason: str, fly: Fly, *, background: bool) -> Flight | None:
+    """A new flight, carried out by ``fly`` on a daemon thread with a loop of its own.
+
+    Returns:
+        ``None`` when no thread could be started for a ``background`` flight. Else the
+        flight; ``private`` when no thread could be started (a pids limit, or Python 3.12+
+        at interpreter shutdown): its caller then fetches for itself, on its own loop. Not
+        shared, so a loop that stops can strand no one else.
+    """
+    future: concurrent.futures.Future[AccessToken] = concurrent.futures.Future()
+    # A running future cannot be cancelled, so no waiter can cancel it for the others.
+    future.set_running_or_notify_cancel()
+    flight = Flight(future, reason)
+    thread = threading.Thread(
+        target=run_on_own_loop, args=(fly, flight), name="gql-service-auth-token", daemon=True
+    )
+    try:
+        thread.start()
+    except RuntimeError:
+        if background:
+            return None
+        flight.private = True
+    return flight
+
+
+def run_on_own_loop(fly: Fly, flight: Flight) -> None:
+    """``fly(flight)`` on a loop of its own, closed afterwards.
+
+    Not asyncio.run: its teardown waits for the loop's default executor, where aiohttp's
+    resolver may still be stuck in getaddrinfo long after the fetch timed out; and
+    libraries (nest_asyncio) replace it with one that needs a main thread. ``fly``
+    publishes the outcome inside the fetch, before any teardown.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(fly(flight))
+    finally:
+        close_own_loop(loop)
 
 
 def _settle(waiter: asyncio.Future[AccessToken], done: concurrent.futures.Future[Any]) -> None:

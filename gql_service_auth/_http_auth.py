@@ -235,6 +235,14 @@ class OAuth2Rules:
     emit: Emitter
     origins: InsecureOrigins
 
+    def __post_init__(self) -> None:
+        self.tokens.subscribe(self.emit)
+
+    # Copied (pickle, copy.deepcopy) through __init__: the copy's hook hears the events of
+    # the token it uses, which may be the original's (see TokenManager.subscribe).
+    def __reduce__(self) -> tuple[type[OAuth2Rules], tuple[Any, ...]]:
+        return OAuth2Rules, tuple(getattr(self, name) for name in self.__slots__)
+
     def __repr__(self) -> str:
         return f"<OAuth2Rules client_id={self.credentials.client_id!r}>"
 

@@ -38,7 +38,7 @@ from ._constants import (
 )
 from ._credentials import ClientCredentials
 from ._errors import ConfigurationError, TokenRequestError
-from ._events import AuthEvent, Emitter
+from ._events import AuthEvent
 from ._token import TokenResponse
 
 ClientAuthMethod: TypeAlias = Literal["client_secret_post", "client_secret_basic"]
@@ -253,7 +253,7 @@ class ClientCredentialsGrant:
         auth_method: ClientAuthMethod,
         policy: RetryPolicy,
         post: FormPoster,
-        emit: Emitter,
+        emit: Callable[[AuthEvent], None],
     ) -> None:
         if auth_method not in ("client_secret_post", "client_secret_basic"):
             raise ConfigurationError(

@@ -23,11 +23,12 @@ from ._constants import (
 )
 from ._credentials import ClientCredentials
 from ._errors import ConfigurationError
-from ._events import Emitter
+from ._events import Emitter, Subscribers
 from ._oauth2 import ClientAuthMethod, ClientCredentialsGrant, FormPoster, RetryPolicy
+from ._sharing import SHARED, Same, SharingKey
 from ._store import TokenIdentity, TokenStore
 from ._token import Clock
-from ._token_source import ENDPOINT, SharedLevel
+from ._token_source import ENDPOINT, SharedLevel, TokenSource
 from ._tokens import TokenManager
 
 if TYPE_CHECKING:
@@ -84,20 +85,22 @@ def token_manager(
     emit: Emitter,
     clock: Clock | None,
     token_store: TokenStore | None,
+    share: bool,
 ) -> TokenManager:
-    """The token manager of one transport: the grant, and the shared store under it."""
+    """The token manager of one transport: the grant, and the shared store under it.
+
+    With ``share``, the process's manager for the same token requests, if it has one
+    (see ``_sharing.py``); ``emit`` hears its events either way.
+    """
     params = dict(token_params or {})
-    grant = ClientCredentialsGrant(
-        token_url,
-        credentials,
+    identity = TokenIdentity.of(
+        token_url=str(token_url),
+        client_id=credentials.client_id,
+        client_secret=credentials.client_secret,
         scope=scope,
-        extra_params=params,
+        token_params=params,
         auth_method=token_auth_method,
-        policy=policy,
-        post=post,
-        emit=emit,
     )
-    source = ENDPOINT
     if token_store is not None:
         for method in _STORE_METHODS:
             if not callable(getattr(token_store, method, None)):
@@ -105,31 +108,57 @@ def token_manager(
                     f"token_store must be a TokenStore; {type(token_store).__name__} "
                     f"has no {method}()"
                 )
-        source = SharedLevel(
-            token_store,
-            TokenIdentity.of(
-                token_url=str(token_url),
-                client_id=credentials.client_id,
-                client_secret=credentials.client_secret,
-                scope=scope,
-                token_params=params,
-                auth_method=token_auth_method,
-            ),
+    clock = clock or time.monotonic
+
+    def build() -> TokenManager:
+        subscribers = Subscribers()
+        grant = ClientCredentialsGrant(
+            token_url,
+            credentials,
+            scope=scope,
+            extra_params=params,
+            auth_method=token_auth_method,
+            policy=policy,
+            post=post,
+            emit=subscribers,
+        )
+        source: TokenSource = ENDPOINT
+        if token_store is not None:
+            source = SharedLevel(
+                token_store,
+                identity,
+                refresh_margin=float(refresh_margin),
+                default_expires_in=float(default_expires_in),
+                emit=subscribers,
+            )
+        return TokenManager(
+            grant,
             refresh_margin=float(refresh_margin),
             default_expires_in=float(default_expires_in),
-            emit=emit,
+            fetch_timeout=policy.timeout + FETCH_GRACE,
+            cooldown=policy.pause_after,
+            max_attempts=policy.attempts,
+            clock=clock,
+            emit=subscribers,
+            source=source,
         )
-    return TokenManager(
-        grant,
-        refresh_margin=float(refresh_margin),
-        default_expires_in=float(default_expires_in),
-        fetch_timeout=policy.timeout + FETCH_GRACE,
-        cooldown=policy.pause_after,
-        max_attempts=policy.attempts,
-        clock=clock or time.monotonic,
-        emit=emit,
-        source=source,
-    )
+
+    if share:
+        sharing_key = getattr(post, "sharing_key", None)
+        key = SharingKey(
+            identity,
+            sharing_key(token_url) if callable(sharing_key) else Same(post),
+            policy,
+            float(refresh_margin),
+            float(default_expires_in),
+            Same(clock),
+            Same(token_store),
+        )
+        manager = SHARED.manager(key, build)
+    else:
+        manager = build()
+    manager.subscribe(emit)
+    return manager
 
 
 def api_key_env(

@@ -25,26 +25,26 @@ until the token reaches ``usable_until``: only then does a request wait for a fe
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Generator
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Generator, Hashable
+from typing import Any, Literal, SupportsIndex, TypeVar
 
 from . import _fork
 from ._constants import FETCH_GRACE, RENEWAL_RETRY_MIN
 from ._errors import TokenRequestError
-from ._events import AuthEvent, Emitter
+from ._events import AuthEvent, Emitter, Subscribers
 from ._flight import (
     Flight,
     failure_event,
     fetch_failure,
+    launch,
     no_thread_here,
+    run_on_own_loop,
     wait_async,
     wait_blocking,
 )
 from ._ledger import Refusals, RenewalFailures, RenewalPaused, RenewalSpent
-from ._loop_thread import close_own_loop
 from ._provenance import Origin
 from ._redact import clear_locals
 from ._token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token, waits_on
@@ -68,6 +68,9 @@ token read from a shared store turns out older than the refusal it was to answer
 class TokenManager:
     """Hands out a valid access token, fetching one only when needed, once for all callers.
 
+    One manager may serve many transports of a process (see ``_sharing.py``): given a
+    :class:`~._events.Subscribers` as ``emit``, it passes its events to each.
+
     Args:
         fetch: Obtains a new token; called at most once at a time, whatever the number of
             callers, loops or threads. It runs on a thread and event loop of its own.
@@ -90,6 +93,10 @@ class TokenManager:
         source: Where tokens come from, given ``fetch``: the token endpoint (the default),
             or a store shared with other processes in front of it (see ``_token_source.py``).
     """
+
+    #: Set on a manager the transports of a process share: how a copy rejoins the one of
+    #: the process it lands in (a function and its key, see ``_sharing.py``).
+    shared_as: tuple[Callable[..., TokenManager], Hashable] | None = None
 
     def __init__(
         self,
@@ -143,6 +150,26 @@ class TokenManager:
         self.__dict__.update(state)
         self._reset()
         _fork.reset_in_child(self)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+        if self.shared_as is None:
+            return super().__reduce_ex__(protocol)
+        rejoin, key = self.shared_as
+        return rejoin, (key, self.__getstate__())
+
+    def subscribe(self, emitter: Emitter) -> None:
+        """Pass the events of this manager to ``emitter``'s hook too, while it lives."""
+        if isinstance(self._emit, Subscribers):
+            self._emit.add(emitter)
+
+    def spent(self) -> bool:
+        """Whether the manager has had a token, has none usable now, and fetches none."""
+        token = self._token
+        return (
+            self._generation > 0
+            and self._flight is None
+            and (token is None or self._clock() >= token.usable_until)
+        )
 
     def _after_fork_in_child(self) -> None:
         # The fetch's thread, and any thread that held the lock, are not in the child. A
@@ -355,7 +382,7 @@ class TokenManager:
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
-                self._run(flight)
+                run_on_own_loop(self._fly, flight)
                 return flight.future.result()
             raise no_thread_here()  # nor a loop of its own, on a thread running one
         return wait_blocking(flight, self._fetch_timeout + FETCH_GRACE)
@@ -447,39 +474,10 @@ class TokenManager:
             reason = "expiring"  # ahead of time: an upload's, if not in the background
         else:
             reason = "expired"  # requests wait for it
-        future: concurrent.futures.Future[AccessToken] = concurrent.futures.Future()
-        # A running future cannot be cancelled, so no waiter can cancel it for the others.
-        future.set_running_or_notify_cancel()
-        flight = Flight(future, reason)
-        thread = threading.Thread(
-            target=self._run, args=(flight,), name="gql-service-auth-token", daemon=True
-        )
-        try:
-            thread.start()
-        except RuntimeError:
-            if background:
-                return None
-            # No thread to be had (a pids limit, or Python 3.12+ at interpreter shutdown):
-            # the caller fetches for itself, on its own loop. Not shared, so a loop that
-            # stops can strand no one else; others arriving meanwhile fetch for themselves.
-            flight.private = True
-        else:
+        flight = launch(reason, self._fly, background=background)
+        if flight is not None and not flight.private:
             self._flight = flight
         return flight
-
-    def _run(self, flight: Flight) -> None:
-        """The fetch's thread: a loop of its own for one fetch, closed afterwards.
-
-        Not asyncio.run: its teardown waits for the loop's default executor, where
-        aiohttp's resolver may still be stuck in getaddrinfo long after the fetch timed
-        out; and libraries (nest_asyncio) replace it with one that needs a main thread.
-        The outcome is published inside the fetch, before any teardown.
-        """
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(self._fly(flight))
-        finally:
-            close_own_loop(loop)
 
     async def _fly(self, flight: Flight) -> None:
         """Fetch once, bounded in time, and publish the outcome whatever happens."""

@@ -162,6 +162,7 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
         token_session_args: TokenSessionArgs | None = None,
         token_proxy: str | URL | None = None,
         token_store: TokenStore | None = None,
+        share_tokens: bool = True,
         **kwargs: Any,
     ) -> None:
         _client_args(url, kwargs, allow_insecure_http)
@@ -188,6 +189,7 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
             token_session_args=token_session_args,
             token_proxy=token_proxy,
             token_store=token_store,
+            share_tokens=share_tokens,
             inherited=inherited,
             inherited_from="the client's proxy and trust_env",
         )
@@ -235,11 +237,11 @@ _OAUTH2_DOC = """A gql ``{base}`` that authenticates with OAuth 2.0 client crede
             ``verify`` applies to the token endpoint too.
         token_url, client_id, client_secret, scope, token_params, token_auth_method,
             refresh_margin, default_expires_in, max_renewals, retry, on_event, clock,
-            allow_insecure_http, token_session_args, token_proxy, token_store: As
-            :class:`~gql_service_auth.OAuth2Transport`'s. The token request is made with
-            aiohttp on a thread of its own; with ``token_session_args=None`` it follows
-            the client's ``proxy`` (a URL) and ``trust_env`` (``True`` unless given), as
-            httpx does.
+            allow_insecure_http, token_session_args, token_proxy, token_store,
+            share_tokens: As :class:`~gql_service_auth.OAuth2Transport`'s. The token
+            request is made with aiohttp on a thread of its own; with
+            ``token_session_args=None`` it follows the client's ``proxy`` (a URL) and
+            ``trust_env`` (``True`` unless given), as httpx does.
 
     Raises:
         ConfigurationError: a bad argument; the message says which.

@@ -17,6 +17,10 @@ Fixtures:
     service_legacy_client: Credentials registered before 2024-05-13 (OAuth2 only).
     service_env: The ``SERVICE_*`` variables pointing ``from_env()`` at the emulator.
 
+Isolation: each test starts with no token shared in the process, so transports built in
+one test never use the tokens of another's (transports share tokens within a process;
+see ``share_tokens``). A transport a fixture keeps across tests keeps its own.
+
 Options:
     ``--service-token-ttl=SECONDS`` sets the emulator's token lifetime for the run, and
     ``@pytest.mark.service_emulator(token_ttl=2, token_latency=0.1, ...)`` sets any
@@ -25,6 +29,7 @@ Options:
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -59,6 +64,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{_MARKER}(**knobs): set emulator knobs (token_ttl, token_latency, ...) for one test",
     )
+
+
+@pytest.fixture(autouse=True)
+def _service_tokens_isolated() -> None:
+    """Forget the tokens shared in the process before each test (module docstring)."""
+    sharing = sys.modules.get("gql_service_auth._sharing")
+    if sharing is not None:  # never imported: no transport built, nothing to forget
+        sharing.SHARED.clear()
 
 
 @pytest.fixture

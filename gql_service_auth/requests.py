@@ -207,11 +207,12 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
             answers, mutations included: that is gql's, below any auth.
         token_url, client_id, client_secret, scope, token_params, token_auth_method,
             refresh_margin, default_expires_in, max_renewals, retry, on_event, clock,
-            allow_insecure_http, token_session_args, token_proxy, token_store: As
-            :class:`~gql_service_auth.OAuth2Transport`'s. The token request is made with
-            aiohttp on a thread of its own; with ``token_session_args=None`` it takes
-            proxies from the environment, as requests does, and the proxy of
-            ``proxies=`` (a keyword requests takes) for the token URL's scheme.
+            allow_insecure_http, token_session_args, token_proxy, token_store,
+            share_tokens: As :class:`~gql_service_auth.OAuth2Transport`'s. The token
+            request is made with aiohttp on a thread of its own; with
+            ``token_session_args=None`` it takes proxies from the environment, as
+            requests does, and the proxy of ``proxies=`` (a keyword requests takes) for
+            the token URL's scheme.
 
     Raises:
         ConfigurationError: a bad argument; the message says which.
@@ -250,6 +251,7 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         token_session_args: TokenSessionArgs | None = None,
         token_proxy: str | URL | None = None,
         token_store: TokenStore | None = None,
+        share_tokens: bool = True,
         **kwargs: Any,
     ) -> None:
         _checked(url, headers, auth, allow_insecure_http, kwargs.get("proxies"))
@@ -275,6 +277,7 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
             token_session_args=token_session_args,
             token_proxy=token_proxy,
             token_store=token_store,
+            share_tokens=share_tokens,
             inherited=inherited,
             inherited_from="proxies",
         )

@@ -32,18 +32,8 @@ from yarl import URL
 from ._aiohttp import AuthenticatingTransport, transport_error, with_authorization
 from ._aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
 from ._aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
-from ._config import check_url, endpoint_or_env, given_or_env
-from ._constants import (
-    DEFAULT_EXPIRES_IN,
-    DEFAULT_MAX_RENEWALS,
-    DEFAULT_REFRESH_MARGIN,
-    ENV_AUTH_URL,
-    ENV_BASE_URL,
-    ENV_CLIENT_ID,
-    ENV_CLIENT_SECRET,
-    GRAPHQL_PATH,
-    TOKEN_PATH,
-)
+from ._config import check_url
+from ._constants import DEFAULT_EXPIRES_IN, DEFAULT_MAX_RENEWALS, DEFAULT_REFRESH_MARGIN
 from ._credentials import ClientCredentials
 from ._errors import UnauthenticatedError
 from ._events import Emitter, EventHook
@@ -68,7 +58,7 @@ from ._gql import (
 from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import clear_locals, forgets_on_error
 from ._refusal import RequestFacts, is_refusal
-from ._settings import check_renewal_settings, joined_scope, store_from_env, token_manager
+from ._settings import api_key_env, check_renewal_settings, joined_scope, oauth2_env, token_manager
 from ._store import TokenStore
 from ._token import AccessToken, Clock
 
@@ -162,9 +152,7 @@ class ApiKeyTransport(AuthenticatingTransport):
             ConfigurationError: a variable is missing or empty; the message names it.
         """
         return cls(
-            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
-            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
-            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+            **api_key_env(environ, url=url, client_id=client_id, client_secret=client_secret),
             **kwargs,
         )
 
@@ -308,6 +296,12 @@ class OAuth2Transport(AuthenticatingTransport):
             :class:`~gql_service_auth.redis.RedisTokenStore`: a process then asks the
             token endpoint only when no other process has a token it can use. ``None``
             keeps tokens in this process only.
+        share_tokens: Share tokens with the other transports of this process (of any
+            stack) whose token requests are the same: same credentials, scope,
+            ``token_params``, ``token_auth_method``, token request settings (TLS,
+            proxy), ``retry``, ``refresh_margin``, ``default_expires_in``, ``clock`` and
+            ``token_store``. A transport built per call then costs no token request of
+            its own. ``False`` keeps this transport's tokens its own.
 
     Raises:
         ConfigurationError: a bad argument; the message says which.
@@ -343,6 +337,7 @@ class OAuth2Transport(AuthenticatingTransport):
         token_session_args: TokenSessionArgs | None = None,
         token_proxy: str | URL | None = None,
         token_store: TokenStore | None = None,
+        share_tokens: bool = True,
     ) -> None:
         credentials = ClientCredentials(client_id, client_secret)
         check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
@@ -381,6 +376,7 @@ class OAuth2Transport(AuthenticatingTransport):
             emit=self._emit,
             clock=clock,
             token_store=token_store,
+            share=share_tokens,
         )
 
     @classmethod
@@ -399,10 +395,11 @@ class OAuth2Transport(AuthenticatingTransport):
 
         Reads ``SERVICE_BASE_URL`` and ``SERVICE_AUTH_URL`` (``/graphql`` and
         ``/oauth2/token`` are appended unless they end with them), ``SERVICE_CLIENT_ID``
-        and ``SERVICE_CLIENT_SECRET``, and, if set, ``SERVICE_TOKEN_STORE_URL``: a Redis
-        URL whose :class:`~gql_service_auth.redis.RedisTokenStore` becomes the
-        ``token_store`` (the ``[redis]`` extra). A setting given by keyword wins: its
-        variable is then not read.
+        and ``SERVICE_CLIENT_SECRET``, and, if set, ``SERVICE_TOKEN_STORE_URL``: the
+        ``token_store``, one per URL per process, a Redis URL for a
+        :class:`~gql_service_auth.redis.RedisTokenStore` (the ``[redis]`` extra) or
+        ``file:///dir`` for a :class:`~gql_service_auth.local.LocalTokenStore` (the
+        ``[local]`` extra). A setting given by keyword wins: its variable is not read.
 
         Args:
             environ: Where to read the variables; the process environment by default.
@@ -414,23 +411,28 @@ class OAuth2Transport(AuthenticatingTransport):
 
         Raises:
             ConfigurationError: a variable is missing or empty; the message names it.
-            ImportError: ``SERVICE_TOKEN_STORE_URL`` is set, and the ``[redis]`` extra is
-                not installed.
+            ImportError: ``SERVICE_TOKEN_STORE_URL`` is set, and its store's extra is not
+                installed.
         """
-        if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
-            kwargs["token_store"] = store
-        return cls(
-            endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
-            token_url=endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
-            client_id=given_or_env(environ, client_id, ENV_CLIENT_ID),
-            client_secret=given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
-            **kwargs,
+        settings = oauth2_env(
+            environ,
+            dict(kwargs),
+            url=url,
+            token_url=token_url,
+            client_id=client_id,
+            client_secret=client_secret,
         )
+        return cls(**settings)
 
     @property
     def token(self) -> AccessToken | None:
         """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
         return self._tokens.token
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # A copy hears the events of the token it uses, which may be the original's.
+        self._tokens.subscribe(self._emit)
 
     def _secrets(self, token: AccessToken) -> list[str]:
         return [self._credentials.client_secret, token.value]

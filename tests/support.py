@@ -227,9 +227,10 @@ def with_store(
     **kwargs: Any,
 ) -> OAuth2Transport:
     """An OAuth2Transport for ``client`` (the emulator's recent one), sharing tokens through
-    ``store``."""
+    ``store`` only: its tokens are its own in the process, as another process's would be."""
     client = client or emulator.recent_client
     kwargs.setdefault("retry", STORE_RETRY)
+    kwargs.setdefault("share_tokens", False)
     return OAuth2Transport(
         emulator.graphql_url,
         token_url=emulator.token_url,
@@ -679,6 +680,7 @@ from gql_service_auth import OAuth2Transport, RetryPolicy
 from gql_service_auth.redis import RedisTokenStore
 cfg = json.loads(os.environ["CFG"])
 def transport(store, **kw):
+    kw.setdefault("share_tokens", False)  # each stands in for a process of its own
     return OAuth2Transport(cfg["graphql_url"], token_url=cfg["token_url"],
         client_id=cfg["client_id"], client_secret=cfg["client_secret"],
         retry=RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0, timeout=2.0),

@@ -29,6 +29,7 @@ from support import (
     KINDS,
     SLOW_MACHINE,
     build_transport,
+    collect_garbage,
     query,
     run_python,
     with_store,
@@ -37,6 +38,7 @@ from support import (
 import gql_service_auth
 from gql_service_auth import (
     ApiKeyRejectedHTTPError,
+    AuthEvent,
     UnauthenticatedHTTPError,
 )
 from gql_service_auth.emulator import Emulator
@@ -59,18 +61,40 @@ async def test_a_copied_transport_runs_a_query(
         assert await session.execute(COUNT) == ANSWER
 
 
+HEARD: list[AuthEvent] = []
+"""What _hear heard: a module's function, so a pickled transport's hook is the same one."""
+
+
+def _hear(event: AuthEvent) -> None:
+    HEARD.append(event)
+
+
+@pytest.mark.parametrize(("share_tokens", "token_requests"), [(True, 1), (False, 2)])
 @pytest.mark.parametrize("copier", COPIERS)
 @pytest.mark.usefixtures("no_resource_left_open")
-async def test_a_copy_of_a_used_oauth2_transport_fetches_its_own_token(
-    emulator: Emulator, copier: Callable[[Any], AIOHTTPTransport]
+async def test_a_copy_of_a_used_oauth2_transport_shares_its_token_as_a_new_one_would(
+    emulator: Emulator,
+    copier: Callable[[Any], AIOHTTPTransport],
+    share_tokens: bool,
+    token_requests: int,
 ) -> None:
-    """A copy of an OAuth2Transport holding a token drops it and fetches its own."""
-    original = build_transport("oauth2", emulator)
+    """A copy of an OAuth2Transport holding a token uses the process's token, as a transport
+    built with its settings would; with ``share_tokens=False`` it fetches its own. Either
+    way its ``on_event`` hears the events of the token it uses."""
+    original = build_transport("oauth2", emulator, share_tokens=share_tokens, on_event=_hear)
     async with Client(transport=original) as session:
         await session.execute(COUNT)
-    async with Client(transport=copier(original)) as session:
+    copied = copier(original)
+    del original, session
+    collect_garbage()  # the original's hook hears no more: what follows is the copy's
+    HEARD.clear()
+    async with Client(transport=copied) as session:
         assert await session.execute(COUNT) == ANSWER
-    assert emulator.counters.token_requests == 2
+        assert emulator.counters.token_requests == token_requests
+        emulator.revoke_tokens()
+        assert await session.execute(COUNT) == ANSWER
+    assert "token_rejected" in [event.name for event in HEARD]
+    assert [event.reason for event in HEARD if event.name == "token_fetched"][-1] == "rejected"
 
 
 async def test_deepcopy_of_a_transport_with_a_store(

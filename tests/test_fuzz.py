@@ -49,7 +49,8 @@ errors_values = (
 
 def _query(make_oauth2: Callable[..., OAuth2Transport]) -> BaseException | None:
     async def run() -> None:
-        async with Client(transport=make_oauth2()) as session:
+        # Each example a scenario of its own: no token shared with the one before.
+        async with Client(transport=make_oauth2(share_tokens=False)) as session:
             await session.execute(COUNT)
 
     try:

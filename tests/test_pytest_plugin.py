@@ -116,3 +116,38 @@ def test_plain(request):
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_each_test_starts_with_no_shared_token(pytester: pytest.Pytester) -> None:
+    """Transports share tokens in a process, but not across the tests of a user's suite,
+    even on one emulator kept for the whole module."""
+    pytester.makeini(INI)
+    pytester.makepyfile(
+        test_user="""
+import asyncio
+import pytest
+from gql import Client, gql
+from gql_service_auth import OAuth2Transport
+from gql_service_auth.emulator import Emulator
+
+QUERY = gql("query { carriers(first: 1) { totalCount } }")
+
+async def query(environ):
+    async with Client(transport=OAuth2Transport.from_env(environ)) as session:
+        await session.execute(QUERY)
+
+@pytest.fixture(scope="module")
+def emulator():
+    with Emulator().run_in_thread() as running:
+        yield running
+
+@pytest.mark.parametrize("test", range(3))
+def test_costs_its_own_token(emulator, test):
+    before = emulator.counters.token_requests
+    for _ in range(2):
+        asyncio.run(query(emulator.environ()))
+    assert emulator.counters.token_requests == before + 1
+"""
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)

@@ -444,7 +444,7 @@ async def test_bearer_in_any_case_or_no_token_type_is_accepted(
         body["token_type"] = token_type
     emulator.reset_counters()
     emulator.fail_token_requests(1, 200, body=body)
-    async with Client(transport=make_oauth2()) as session:
+    async with Client(transport=make_oauth2(share_tokens=False)) as session:
         result = await session.execute(COUNT)
     assert result["carriers"]["totalCount"] == 25
     assert emulator.counters.token_requests == 1

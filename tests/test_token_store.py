@@ -254,9 +254,10 @@ async def test_from_env_reads_the_store_url(
     """SERVICE_TOKEN_STORE_URL gives from_env() a RedisTokenStore."""
     environ = {**live_emulator.environ(), "SERVICE_TOKEN_STORE_URL": redis_server.url}
     events: list[AuthEvent] = []
-    first = OAuth2Transport.from_env(environ, on_event=events.append)
+    # Not shared in the process: each stands in for a process of its own.
+    first = OAuth2Transport.from_env(environ, on_event=events.append, share_tokens=False)
     await query(first)
-    await query(OAuth2Transport.from_env(environ, on_event=events.append))
+    await query(OAuth2Transport.from_env(environ, on_event=events.append, share_tokens=False))
     # One request, and one more only if a loaded machine kept Redis past its 0.25 s.
     names = [e.name for e in events]
     # The store is this Redis: the token is there, or the store that failed names it.

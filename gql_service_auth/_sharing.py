@@ -1,0 +1,161 @@
+"""One token per set of credentials in a process, whatever the code around it does.
+
+Transports built one per call (a helper that makes a client for each query), one per
+thread, or on two stacks side by side ask the token endpoint once between them: each
+transport whose token requests would be the same uses one token manager, found here by
+a :class:`SharingKey`. Identity providers bill and throttle token requests; a process
+that asks for a token per call runs into their quotas.
+
+What makes two token requests the same is everything that changes the request or where
+it goes: the credentials and token parameters (a :class:`~._store.TokenIdentity`, the
+secret included, so that a different secret never gets another's token), the HTTP
+settings of the request (TLS verification, proxy, connector), the retry policy, the
+renewal settings, the clock, and the shared store under it. What belongs to each
+transport stays with it: its ``on_event`` hook (every transport sharing a token hears
+its events, see :class:`~._events.Subscribers`), ``max_renewals``, and everything about
+the GraphQL requests themselves.
+
+Retention. gql's ``Client`` and its session refer to each other, so a transport dropped
+by its caller lives until the cyclic garbage collector runs, or longer: a registry of
+weak references alone would lose the token of a per-call transport at every collection.
+So the registry keeps the latest :data:`~._constants.SHARED_TOKENS_KEPT` managers
+strongly for as long as their token is usable, whatever the collector does, and every
+manager a live transport uses weakly. Nothing else accumulates. A forked child keeps the
+managers, whose tokens are values; each drops its flight and lock there (see
+``_tokens.py``), as this registry drops its lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _fork
+from ._constants import SHARED_TOKENS_KEPT
+from ._oauth2 import RetryPolicy
+from ._store import TokenIdentity
+from ._tokens import TokenManager
+
+
+class Same:
+    """Compares by identity: an object whose equality means nothing here (a clock, a
+    store, an ``SSLContext``) is part of a key as itself."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Same) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"<same {type(self.obj).__name__}>"
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class SharingKey:
+    """What makes the token requests of two transports the same; never shown.
+
+    Attributes:
+        identity: The credentials and token parameters.
+        destination: Where the request goes and how (the poster's ``sharing_key``).
+        policy: The token endpoint's retries, and the pauses of renewals.
+        refresh_margin: When tokens are renewed.
+        default_expires_in: How long a token with no lifetime is trusted.
+        clock: The clock of token lifetimes.
+        store: The shared store under the token, if any.
+    """
+
+    identity: TokenIdentity
+    destination: Hashable
+    policy: RetryPolicy
+    refresh_margin: float
+    default_expires_in: float
+    clock: Same
+    store: Same = field(default=Same(None))
+
+    def __repr__(self) -> str:
+        return f"<SharingKey {self.identity!r}>"
+
+
+class SharedTokens:
+    """The token managers of a process, by :class:`SharingKey` (see module docstring).
+
+    Args:
+        kept: How many managers are kept while their token is usable, with no transport
+            left to use them; the least recently asked for goes first.
+    """
+
+    def __init__(self, kept: int = SHARED_TOKENS_KEPT) -> None:
+        self._limit = kept
+        self._live: weakref.WeakValueDictionary[SharingKey, TokenManager] = (
+            weakref.WeakValueDictionary()
+        )
+        self._kept: OrderedDict[SharingKey, TokenManager] = OrderedDict()
+        self._lock = threading.Lock()
+        _fork.reset_in_child(self)
+
+    def __repr__(self) -> str:
+        return f"<SharedTokens live={len(self._live)} kept={len(self._kept)}>"
+
+    def __len__(self) -> int:
+        """How many managers are held, strongly or by a live transport."""
+        return len(self._live)
+
+    def manager(self, key: SharingKey, build: Callable[[], TokenManager]) -> TokenManager:
+        """The manager of ``key``: the one transports use already, else ``build()``'s."""
+        with self._lock:
+            manager = self._live.get(key)
+            if manager is None:
+                manager = build()
+                manager.shared_as = (rejoin, key)
+                self._live[key] = manager
+            self._keep(key, manager)
+        return manager
+
+    def _keep(self, key: SharingKey, manager: TokenManager) -> None:
+        kept = self._kept
+        kept[key] = manager
+        kept.move_to_end(key)
+        # Tidied when a transport is built, never per request: at most `kept` entries.
+        for other_key, other in list(kept.items()):
+            if other is not manager and other.spent():
+                del kept[other_key]
+        while len(kept) > self._limit:
+            kept.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every manager: transports built from now on fetch tokens anew.
+
+        Transports built before keep the manager they have.
+        """
+        with self._lock:
+            self._live.clear()
+            self._kept.clear()
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+
+
+SHARED = SharedTokens()
+"""The process's shared tokens."""
+
+
+def rejoin(key: SharingKey, state: dict[str, Any]) -> TokenManager:
+    """A shared manager copied or unpickled: the process's manager of ``key``, or, if it
+    has none, one with the copied settings, shared from then on."""
+
+    def restored() -> TokenManager:
+        manager = TokenManager.__new__(TokenManager)
+        manager.__setstate__(state)
+        return manager
+
+    return SHARED.manager(key, restored)

@@ -1,0 +1,221 @@
+"""One token per set of credentials in a process, whatever the code around it does.
+
+Transports built per call, per thread or on two stacks share one token when their token
+requests would be the same, against the emulator on 127.0.0.1 (real clock, real
+threads). Tokens never cross credentials, settings that change the token request, or
+``share_tokens=False``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gql import Client
+from support import (
+    COUNT,
+    NO_WAIT,
+    blocking_execute,
+    collect_garbage,
+    in_child,
+    poll,
+    running_proxy,
+    via_proxy,
+)
+
+from gql_service_auth import AuthEvent, OAuth2Transport, TokenRequestError
+from gql_service_auth._sharing import SHARED
+from gql_service_auth.emulator import Emulator
+from gql_service_auth.httpx import OAuth2Auth as OAuth2HTTPXAuth
+from gql_service_auth.httpx import OAuth2HTTPXAsyncTransport, OAuth2HTTPXTransport
+from gql_service_auth.requests import OAuth2RequestsTransport
+
+
+def _per_call(environ: dict[str, str], **kwargs: Any) -> object:
+    """What a helper that makes a client per query does: gql's blocking execute."""
+    outcome = blocking_execute(OAuth2Transport.from_env(environ, retry=NO_WAIT, **kwargs))
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def test_a_transport_per_call_costs_one_token_request(live_emulator: Emulator) -> None:
+    """Ten transports built one after another, collected in between, share one token."""
+    environ = live_emulator.environ()
+    for _ in range(10):
+        _per_call(environ)
+        collect_garbage()  # gql's Client cycles: a weak registry alone would lose the token
+    assert live_emulator.counters.token_requests == 1
+    assert live_emulator.counters.graphql_requests == 10
+
+
+def test_a_transport_per_thread_costs_one_token_request(live_emulator: Emulator) -> None:
+    """Eight threads, each with a transport of its own, start together on a cold token."""
+    live_emulator.token_latency = 0.2  # so that all eight ask while the fetch runs
+    environ, errors = live_emulator.environ(), []
+    start = threading.Barrier(8, timeout=10)
+
+    def worker() -> None:
+        try:
+            start.wait()
+            _per_call(environ)
+        except BaseException as exc:  # reported below, with the thread's error
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+    assert live_emulator.counters.token_requests == 1
+    assert live_emulator.counters.graphql_requests == 8
+
+
+async def test_every_stack_side_by_side_costs_one_token_request(live_emulator: Emulator) -> None:
+    """aiohttp, requests, httpx (sync and async) and an httpx auth of the same credentials."""
+    environ = live_emulator.environ()
+    async with Client(transport=OAuth2Transport.from_env(environ)) as session:
+        await session.execute(COUNT)
+    with Client(transport=OAuth2RequestsTransport.from_env(environ)) as sync_session:
+        sync_session.execute(COUNT)
+    with Client(transport=OAuth2HTTPXTransport.from_env(environ)) as sync_session:
+        sync_session.execute(COUNT)
+    async with Client(transport=OAuth2HTTPXAsyncTransport.from_env(environ)) as session:
+        await session.execute(COUNT)
+    async with httpx.AsyncClient(auth=OAuth2HTTPXAuth.from_env(environ)) as plain:
+        answer = await plain.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
+    assert answer.status_code == 200
+    assert live_emulator.counters.token_requests == 1
+    assert live_emulator.counters.graphql_requests == 5
+
+
+def test_another_secret_never_gets_the_token(live_emulator: Emulator) -> None:
+    """Same client id, another secret: its own token request, refused as it should be."""
+    environ = live_emulator.environ()
+    _per_call(environ)
+    wrong = {**environ, "SERVICE_CLIENT_SECRET": "not-the-secret"}
+    with pytest.raises(TokenRequestError) as refused:
+        _per_call(wrong)
+    assert refused.value.error == "invalid_client"
+    assert live_emulator.counters.token_requests == 2
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"scope": "carriers:read"},
+        {"token_params": {"audience": "reports"}},
+        {"token_auth_method": "client_secret_basic"},
+        {"refresh_margin": 30.0},
+        {"share_tokens": False},
+    ],
+    ids=["scope", "token_params", "auth_method", "refresh_margin", "share_tokens=False"],
+)
+def test_transports_whose_token_requests_differ_get_their_own(
+    live_emulator: Emulator, other: dict[str, Any]
+) -> None:
+    """Anything that changes the token request, or an opt-out, gives a token of its own."""
+    environ = live_emulator.environ()
+    _per_call(environ)
+    _per_call(environ, **other)
+    _per_call(environ)
+    assert live_emulator.counters.token_requests == 2
+
+
+def test_a_token_request_that_goes_elsewhere_is_not_shared(
+    live_emulator: Emulator, tmp_path: Path
+) -> None:
+    """A transport whose token request goes through a proxy does not take the direct one's
+    token, nor the other way round: where the request goes is part of what is shared."""
+    environ = live_emulator.environ()
+    with running_proxy(tmp_path / "proxy") as proxy:
+        _per_call(environ)
+        _per_call(environ, token_proxy=proxy.url)
+        _per_call(environ, token_proxy=proxy.url)
+    assert via_proxy(live_emulator, "/oauth2/token") == [False, True]
+
+
+def test_every_transport_sharing_a_token_hears_its_events_once(
+    live_emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each transport's on_event hears the fetches it waited on; the log has each once."""
+    environ = live_emulator.environ()
+    first: list[AuthEvent] = []
+    second: list[AuthEvent] = []
+    live_emulator.fail_token_requests(1, 503)  # one retry: an event of the grant's own
+    caplog.set_level(logging.DEBUG, logger="gql_service_auth")
+    one = OAuth2Transport.from_env(environ, retry=NO_WAIT, on_event=first.append)
+    two = OAuth2RequestsTransport.from_env(environ, retry=NO_WAIT, on_event=second.append)
+    blocking_execute(one)
+    with Client(transport=two) as session:
+        session.execute(COUNT)
+    expected = ["token_request_retry_scheduled", "token_fetched"]
+    assert [event.name for event in first] == expected
+    assert [event.name for event in second] == expected
+    logged = [r.getMessage().split()[0] for r in caplog.records if r.name == "gql_service_auth"]
+    assert logged == ["gql_service_auth." + name for name in expected]
+    assert live_emulator.counters.token_requests == 2
+
+
+def test_a_transport_that_is_gone_hears_nothing_and_is_not_kept(live_emulator: Emulator) -> None:
+    """The shared token holds no transport: a dropped one is collected, its hook silent."""
+    environ = live_emulator.environ()
+    gone: list[AuthEvent] = []
+    _per_call(environ, on_event=gone.append)
+    collect_garbage()
+    kept: list[AuthEvent] = []
+    transport = OAuth2Transport.from_env(environ, retry=NO_WAIT, on_event=kept.append)
+    live_emulator.revoke_tokens()
+    blocking_execute(transport)
+    assert [event.name for event in gone] == ["token_fetched"]
+    assert "token_rejected" in [event.name for event in kept]
+
+
+def test_the_process_keeps_no_more_than_a_bound_of_tokens(live_emulator: Emulator) -> None:
+    """Transports of 200 sets of credentials come and go; what the process holds is bounded."""
+    for number in range(200):
+        OAuth2Transport(
+            live_emulator.graphql_url,
+            token_url=live_emulator.token_url,
+            client_id=f"client-{number}",
+            client_secret="secret",
+        )
+    collect_garbage()
+    assert len(SHARED) <= 64
+
+
+def test_a_forked_child_does_not_wait_on_the_parents_fetch(live_emulator: Emulator) -> None:
+    """Forked while the parent's fetch hangs, the child fetches for itself, and shares that
+    token between its own transports."""
+    environ = live_emulator.environ()
+    live_emulator.freeze_token_endpoint(3.0)
+    parent = threading.Thread(target=_per_call, args=(environ,), daemon=True)
+    parent.start()
+    assert poll(lambda: live_emulator.counters.token_requests == 1)
+
+    def child() -> None:
+        for _ in range(3):
+            _per_call(environ)
+
+    code, how = in_child(child, timeout=20)
+    assert (code, how) == (0, "ok")
+    parent.join(timeout=20)
+    # The parent's frozen fetch, and one of the child's for its three transports.
+    assert live_emulator.counters.token_requests == 2
+    assert live_emulator.counters.graphql_requests == 4
+
+
+def test_a_forked_child_uses_the_token_it_inherited(live_emulator: Emulator) -> None:
+    """A token is a value: a child built by fork (gunicorn --preload) uses the parent's."""
+    environ = live_emulator.environ()
+    _per_call(environ)
+    code, how = in_child(lambda: _per_call(environ), timeout=20)
+    assert (code, how) == (0, "ok")
+    assert live_emulator.counters.token_requests == 1
+    assert live_emulator.counters.graphql_requests == 2
