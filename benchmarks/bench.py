@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import _sharing
 import _stacks
 import aiohttp
 from _load import query_until
@@ -77,6 +78,13 @@ class Sizes:
     revocation_ttl: float = 4.0
     revocation_concurrency: int = 20
     revocation_pause: float = 1.0
+    sharing_calls: int = 13
+    sharing_threads: int = 8
+    sharing_ttl: float = 3.0
+    cron_runs: int = 20
+    worker_processes: int = 4
+    worker_concurrency: int = 50
+    worker_seconds: float = 12.0
 
 
 TINY = Sizes(
@@ -103,6 +111,13 @@ TINY = Sizes(
     revocation_ttl=2.0,
     revocation_concurrency=5,
     revocation_pause=0.1,
+    sharing_calls=3,
+    sharing_threads=4,
+    sharing_ttl=4.0,  # no renewal within the tiny run: each pattern's count is its cold start
+    cron_runs=2,
+    worker_processes=2,
+    worker_concurrency=5,
+    worker_seconds=1.0,
 )
 
 
@@ -1248,6 +1263,8 @@ async def _run(
         ("8 renewal latency", lambda: asyncio.to_thread(renewal_latency, sizes)),
         # On a thread of its own too: sync stacks, and asyncio.run for the async one.
         ("11 other stacks", lambda: asyncio.to_thread(other_stacks, sizes)),
+        # And this one: gql's blocking execute, threads and processes of its own.
+        ("12 sharing", lambda: asyncio.to_thread(_sharing.figure, sizes)),
     ]
     # Subprocess figures, run after the others (nothing else runs while they time imports).
     blocking: list[tuple[str, Callable[[], dict[str, Any]]]] = [
@@ -1283,6 +1300,7 @@ def print_table(figures: dict[str, Any]) -> None:
         ("9 fleet", _print_fleet),
         ("10 revocation", _print_revocation),
         ("11 other stacks", lambda figures: _stacks.print_figure(figures["11 other stacks"])),
+        ("12 sharing", lambda figures: _sharing.print_figure(figures["12 sharing"])),
     ):
         if name in figures:
             print()
@@ -1475,7 +1493,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
     parser.add_argument(
-        "--only", choices=[str(n) for n in range(1, 12)], help="run only this figure's number"
+        "--only", choices=[str(n) for n in range(1, 13)], help="run only this figure's number"
     )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()

@@ -148,12 +148,8 @@ class TokenSession:
         ``.netrc``); with neither, trusting it changes nothing.
         """
         environment: tuple[str | None, bool] = (None, False)
-        target = URL(url)
         if self.trust_env and self.proxy is None:
-            bypassed = target.host is None or proxy_bypass(target.host)
-            proxy = None if bypassed else getproxies().get(target.scheme)
-            netrc = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
-            environment = (proxy or None, os.path.exists(netrc))
+            environment = _environment(url)
         options = tuple(sorted((key, _hashable(value)) for key, value in self.options.items()))
         return (
             str(self.proxy) if self.proxy is not None else None,
@@ -301,6 +297,12 @@ def resolve_token_session(
     trust_env = chosen.pop("trust_env", False)
     if token_session_args is not None and not isinstance(trust_env, bool):
         raise ConfigurationError("token_session_args['trust_env'] must be a bool")
+    if trust_env and proxy is None and _environment(token_url) == (None, False):
+        # Nothing in the environment concerns the token URL now, and it is read once (as
+        # the GraphQL requests' proxy is, per origin): such a session sends as one that
+        # ignores the environment, so transports of either kind share their tokens, and
+        # the fetch goes where the sharing key says whoever built the shared manager.
+        trust_env = False
     connector = chosen.pop("connector", None)
     return TokenSession(
         trust_env=bool(trust_env),
@@ -309,6 +311,16 @@ def resolve_token_session(
         options=chosen,
         allow_insecure_http=allow_insecure_http,
     )
+
+
+def _environment(url: str | URL) -> tuple[str | None, bool]:
+    """What ``trust_env`` takes from the environment for ``url`` now: the proxy, and
+    whether a ``.netrc`` exists (aiohttp reads credentials from it)."""
+    target = URL(url)
+    bypassed = target.host is None or proxy_bypass(target.host)
+    proxy = None if bypassed else getproxies().get(target.scheme)
+    netrc = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    return proxy or None, os.path.exists(netrc)
 
 
 def _hashable(value: object) -> Hashable:

@@ -90,6 +90,7 @@ def oauth2_rules(
     share_tokens: bool,
     inherited: Mapping[str, Any],
     inherited_from: str,
+    api_url: str | URL | None = None,
 ) -> OAuth2Rules:
     """The settings of an OAuth2 auth, checked, and the token manager they make.
 
@@ -127,6 +128,7 @@ def oauth2_rules(
         clock=clock,
         token_store=token_store,
         share=share_tokens,
+        api_url=api_url,
     )
     return OAuth2Rules(
         credentials,

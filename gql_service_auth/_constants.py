@@ -25,10 +25,13 @@ ENV_CLIENT_SECRET: Final = "SERVICE_CLIENT_SECRET"
 """Environment variable: the Client Secret created in the web console."""
 
 ENV_TOKEN_STORE_URL: Final = "SERVICE_TOKEN_STORE_URL"
-"""Environment variable, optional: a ``redis://`` (or ``rediss://``, ``unix://``) URL.
+"""Environment variable, optional: a ``file:///dir`` or ``redis://`` (``rediss://``,
+``unix://``) URL.
 
-When set, :meth:`OAuth2Transport.from_env` shares tokens through that Redis
-(:class:`~gql_service_auth.redis.RedisTokenStore`, the ``[redis]`` extra).
+When set, :meth:`OAuth2Transport.from_env` shares tokens through that directory, with the
+other processes of the host (:class:`~gql_service_auth.local.LocalTokenStore`, the
+``[local]`` extra), or through that Redis (:class:`~gql_service_auth.redis.RedisTokenStore`,
+the ``[redis]`` extra).
 """
 
 GRAPHQL_PATH: Final = "/graphql"

@@ -25,7 +25,7 @@ from ._credentials import ClientCredentials
 from ._errors import ConfigurationError
 from ._events import Emitter, Subscribers
 from ._oauth2 import ClientAuthMethod, ClientCredentialsGrant, FormPoster, RetryPolicy
-from ._sharing import SHARED, Same, SharingKey
+from ._sharing import SHARED, Same, SharingKey, api_origin
 from ._store import TokenIdentity, TokenStore
 from ._token import Clock
 from ._token_source import ENDPOINT, SharedLevel, TokenSource
@@ -50,18 +50,31 @@ def check_renewal_settings(
 def store_from_env(environ: Mapping[str, str]) -> TokenStore | None:
     """The store ``SERVICE_TOKEN_STORE_URL`` names, one per URL per process, or ``None``.
 
-    One per URL: a transport per job must not open a store per job.
+    One per URL: a transport per job must not open a store per job. ``file:///dir`` is a
+    :class:`~gql_service_auth.local.LocalTokenStore` in that directory; ``redis://``,
+    ``rediss://`` and ``unix://`` URLs are a :class:`~gql_service_auth.redis.RedisTokenStore`.
 
     Raises:
-        ImportError: the variable is set, and the ``[redis]`` extra is not installed.
+        ConfigurationError: a URL of another form.
+        ImportError: the extra the URL needs is not installed: ``[local]`` for ``file://``,
+            ``[redis]`` for Redis.
     """
     url = environ.get(ENV_TOKEN_STORE_URL, "").strip()
     if not url:
         return None
-    # Imported only here: the extra's module is the one place that needs redis.
-    from .redis import shared_store
+    # Imported only here: each extra's module is the one place that needs its dependency.
+    if url.startswith("file://"):
+        from .local import shared_store as local_store
 
-    return shared_store(url)
+        return local_store(url)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from .redis import shared_store
+
+        return shared_store(url)
+    raise ConfigurationError(
+        f"{ENV_TOKEN_STORE_URL} must be a file:///absolute/directory URL (a store on this "
+        "host) or a redis://, rediss:// or unix:// URL (Redis)"
+    )
 
 
 def joined_scope(scope: str | Sequence[str] | None) -> str | None:
@@ -86,11 +99,13 @@ def token_manager(
     clock: Clock | None,
     token_store: TokenStore | None,
     share: bool,
+    api_url: str | URL | None,
 ) -> TokenManager:
     """The token manager of one transport: the grant, and the shared store under it.
 
-    With ``share``, the process's manager for the same token requests, if it has one
-    (see ``_sharing.py``); ``emit`` hears its events either way.
+    With ``share``, the process's manager for the same token requests to the API at
+    ``api_url``'s origin (``None`` for an auth object, which signs requests to any URL), if
+    it has one (see ``_sharing.py``); ``emit`` hears its events either way.
     """
     params = dict(token_params or {})
     identity = TokenIdentity.of(
@@ -146,6 +161,7 @@ def token_manager(
     if share:
         sharing_key = getattr(post, "sharing_key", None)
         key = SharingKey(
+            api_origin(api_url),
             identity,
             sharing_key(token_url) if callable(sharing_key) else Same(post),
             policy,

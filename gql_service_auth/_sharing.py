@@ -32,7 +32,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from types import MethodType
 from typing import Any
+
+from yarl import URL
 
 from . import _fork
 from ._constants import SHARED_TOKENS_KEPT
@@ -51,10 +54,18 @@ class Same:
         self.obj = obj
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Same) and other.obj is self.obj
+        return isinstance(other, Same) and self._identity() == other._identity()
 
     def __hash__(self) -> int:
-        return id(self.obj)
+        return hash(self._identity())
+
+    def _identity(self) -> tuple[int, ...]:
+        # A bound method is made anew at each access (``clock=clocks.now``): it is the
+        # same when its object and function are.
+        obj = self.obj
+        if isinstance(obj, MethodType):
+            return id(obj.__self__), id(obj.__func__)
+        return (id(obj),)
 
     def __repr__(self) -> str:
         return f"<same {type(self.obj).__name__}>"
@@ -65,6 +76,8 @@ class SharingKey:
     """What makes the token requests of two transports the same; never shown.
 
     Attributes:
+        api: The origin of the API the tokens are sent to (``None`` for auth objects):
+            what one API refuses must not drop or pause the tokens of another.
         identity: The credentials and token parameters.
         destination: Where the request goes and how (the poster's ``sharing_key``).
         policy: The token endpoint's retries, and the pauses of renewals.
@@ -74,6 +87,7 @@ class SharingKey:
         store: The shared store under the token, if any.
     """
 
+    api: str | None
     identity: TokenIdentity
     destination: Hashable
     policy: RetryPolicy
@@ -84,6 +98,14 @@ class SharingKey:
 
     def __repr__(self) -> str:
         return f"<SharingKey {self.identity!r}>"
+
+
+def api_origin(url: str | URL | None) -> str | None:
+    """``scheme://host:port`` of the API at ``url``: what sharing tells APIs apart by."""
+    if url is None:
+        return None
+    parsed = URL(url)
+    return str(parsed.origin()) if parsed.is_absolute() else str(parsed)
 
 
 class SharedTokens:
@@ -127,7 +149,7 @@ class SharedTokens:
         kept.move_to_end(key)
         # Tidied when a transport is built, never per request: at most `kept` entries.
         for other_key, other in list(kept.items()):
-            if other is not manager and other.spent():
+            if other is not manager and _spent(other):
                 del kept[other_key]
         while len(kept) > self._limit:
             kept.popitem(last=False)
@@ -143,6 +165,13 @@ class SharedTokens:
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at the fork
+
+
+def _spent(manager: TokenManager) -> bool:
+    try:
+        return manager.spent()
+    except Exception:  # a user's clock that fails now (a test's, torn down): let it go
+        return True
 
 
 SHARED = SharedTokens()

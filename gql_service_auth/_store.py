@@ -52,14 +52,9 @@ class TokenIdentity:
         auth_method: str,
     ) -> TokenIdentity:
         """An identity with the token parameters in a canonical order."""
-        return cls(
-            token_url,
-            client_id,
-            client_secret,
-            scope,
-            tuple(sorted(token_params.items())),
-            auth_method,
-        )
+        # A repeated field comes as a list (RFC 8707's resource): a tuple, to be compared.
+        params = ((k, tuple(v) if isinstance(v, list) else v) for k, v in token_params.items())
+        return cls(token_url, client_id, client_secret, scope, tuple(sorted(params)), auth_method)
 
     def __repr__(self) -> str:
         return (

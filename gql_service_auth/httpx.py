@@ -192,6 +192,7 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
             share_tokens=share_tokens,
             inherited=inherited,
             inherited_from="the client's proxy and trust_env",
+            api_url=url,
         )
         kwargs["auth"] = OAuth2Auth._of(token_url, rules)
         super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]

@@ -33,6 +33,7 @@ try:
     from redis.backoff import NoBackoff
 
     from ._redis_keys import Keys  # cryptography
+    from ._sealed import Hidden as _Hidden
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
     raise ImportError(
         "gql_service_auth.redis needs the redis extra: pip install 'gql-service-auth[redis]'"
@@ -68,18 +69,6 @@ _FAILURE_TTL_MS = 5000
 _MAX_CALLS = 32
 """Store calls under way at once, at most: the others queue, rather than overflow the
 client's connection pool (redis-py raises at 100), which would pass for an outage."""
-
-
-class _Hidden:
-    """Holds a value that ``repr`` and ``vars()`` must not show (a URL with a password)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "<hidden>"
 
 
 def _text(value: bytes | str) -> str:

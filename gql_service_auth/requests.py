@@ -280,6 +280,7 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
             share_tokens=share_tokens,
             inherited=inherited,
             inherited_from="proxies",
+            api_url=url,
         )
         signer = OAuth2Auth._of(token_url, rules)
         super().__init__(

@@ -377,6 +377,7 @@ class OAuth2Transport(AuthenticatingTransport):
             clock=clock,
             token_store=token_store,
             share=share_tokens,
+            api_url=url,
         )
 
     @classmethod
@@ -414,15 +415,9 @@ class OAuth2Transport(AuthenticatingTransport):
             ImportError: ``SERVICE_TOKEN_STORE_URL`` is set, and its store's extra is not
                 installed.
         """
-        settings = oauth2_env(
-            environ,
-            dict(kwargs),
-            url=url,
-            token_url=token_url,
-            client_id=client_id,
-            client_secret=client_secret,
-        )
-        return cls(**settings)
+        given = {"url": url, "token_url": token_url}
+        return cls(**oauth2_env(environ, dict(kwargs), **given, client_id=client_id,
+                                client_secret=client_secret))  # fmt: skip
 
     @property
     def token(self) -> AccessToken | None:

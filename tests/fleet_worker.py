@@ -1,6 +1,7 @@
-"""One process of a fleet sharing tokens through Redis: run by the tests as a subprocess.
+"""One process of a fleet sharing tokens through a token store: run by the tests as a subprocess.
 
-Its settings come as JSON in the ``FLEET_CONFIG`` environment variable. It connects, says
+Its settings come as JSON in the ``FLEET_CONFIG`` environment variable (``redis_url``, or
+``store_url`` for any store URL: ``file://`` for a LocalTokenStore). It connects, says
 ``ready`` on stdout, then for each line read on stdin (``go``) runs one phase and prints
 its outcome as one JSON line: ``concurrency`` queries at once, or, with ``seconds``, that
 many workers querying for that long, each waiting ``pause`` seconds between its queries.
@@ -20,6 +21,7 @@ from typing import Any
 from gql import Client, gql
 
 from gql_service_auth import AuthEvent, OAuth2Transport, RetryPolicy
+from gql_service_auth.local import LocalTokenStore
 from gql_service_auth.redis import RedisTokenStore
 
 COUNT = gql("query { carriers(first: 1) { totalCount } }")
@@ -39,11 +41,16 @@ async def main() -> None:
     def count(event: AuthEvent) -> None:
         events[event.name] += 1
 
-    # No redis_url: each process on its own, as without a store (the benchmark's baseline).
-    store = None
-    if config.get("redis_url"):
-        store = RedisTokenStore.from_url(
-            config["redis_url"],
+    # No redis_url (or store_url): each process on its own, as without a store (the
+    # benchmark's baseline). A file:// store_url is a LocalTokenStore.
+    store: RedisTokenStore | LocalTokenStore | None = None
+    url = config.get("store_url") or config.get("redis_url")
+    if url:
+        opener = (
+            LocalTokenStore.from_url if url.startswith("file://") else RedisTokenStore.from_url
+        )
+        store = opener(
+            url,
             cooldown=config.get("cooldown", 10.0),
             timeout=config.get("store_timeout", 0.25),
         )

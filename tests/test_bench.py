@@ -32,8 +32,8 @@ def figures() -> dict[str, Any]:
     return result
 
 
-def test_all_eleven_figures_are_reported(figures: dict[str, Any]) -> None:
-    """Each of the eleven figures is in the output."""
+def test_all_twelve_figures_are_reported(figures: dict[str, Any]) -> None:
+    """Each of the twelve figures is in the output."""
     for key in (
         "1 overhead",
         "1 layer cost",
@@ -47,6 +47,7 @@ def test_all_eleven_figures_are_reported(figures: dict[str, Any]) -> None:
         "9 fleet",
         "10 revocation",
         "11 other stacks",
+        "12 sharing",
     ):
         assert key in figures
 
@@ -121,3 +122,18 @@ def test_renewal_latency_counts(figures: dict[str, Any]) -> None:
         assert row["failed"] == 0
         assert row["token_requests"] >= 2
         assert row["queries"] > 0
+
+
+def test_sharing_costs_one_token_per_pattern(figures: dict[str, Any]) -> None:
+    """Figure 12: each pattern costs a token per transport or process without sharing, and
+    one with it (in the process, then through the local store), with nothing failed."""
+    sharing = figures["12 sharing"]
+    rows = sharing["rows"]
+    assert set(rows) == {"per call", "per thread", "cron", "workers"}
+    assert rows["per call"]["without"]["token_requests"] == sharing["calls"]
+    assert rows["per thread"]["without"]["token_requests"] == sharing["threads"]
+    assert rows["cron"]["without"]["token_requests"] == sharing["cron_runs"]
+    assert rows["workers"]["without"]["token_requests"] >= 2
+    for row in rows.values():
+        assert row["with"]["token_requests"] == 1
+        assert row["without"].get("failed", 0) == row["with"].get("failed", 0) == 0

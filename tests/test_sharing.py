@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,13 @@ from support import (
     in_child,
     poll,
     running_proxy,
+    set_http_proxy,
     via_proxy,
 )
 
-from gql_service_auth import AuthEvent, OAuth2Transport, TokenRequestError
+from gql_service_auth import AuthEvent, OAuth2Transport, TokenRequestError, UnauthenticatedError
 from gql_service_auth._sharing import SHARED
-from gql_service_auth.emulator import Emulator
+from gql_service_auth.emulator import Emulator, ManualClock
 from gql_service_auth.httpx import OAuth2Auth as OAuth2HTTPXAuth
 from gql_service_auth.httpx import OAuth2HTTPXAsyncTransport, OAuth2HTTPXTransport
 from gql_service_auth.requests import OAuth2RequestsTransport
@@ -78,7 +80,8 @@ def test_a_transport_per_thread_costs_one_token_request(live_emulator: Emulator)
 
 
 async def test_every_stack_side_by_side_costs_one_token_request(live_emulator: Emulator) -> None:
-    """aiohttp, requests, httpx (sync and async) and an httpx auth of the same credentials."""
+    """aiohttp, requests and httpx (sync and async) transports of the same credentials and
+    API share one token; auth objects, which sign requests to any URL, share theirs."""
     environ = live_emulator.environ()
     async with Client(transport=OAuth2Transport.from_env(environ)) as session:
         await session.execute(COUNT)
@@ -88,11 +91,13 @@ async def test_every_stack_side_by_side_costs_one_token_request(live_emulator: E
         sync_session.execute(COUNT)
     async with Client(transport=OAuth2HTTPXAsyncTransport.from_env(environ)) as session:
         await session.execute(COUNT)
-    async with httpx.AsyncClient(auth=OAuth2HTTPXAuth.from_env(environ)) as plain:
-        answer = await plain.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
-    assert answer.status_code == 200
     assert live_emulator.counters.token_requests == 1
-    assert live_emulator.counters.graphql_requests == 5
+    for _ in range(2):
+        async with httpx.AsyncClient(auth=OAuth2HTTPXAuth.from_env(environ)) as plain:
+            answer = await plain.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
+        assert answer.status_code == 200
+    assert live_emulator.counters.token_requests == 2
+    assert live_emulator.counters.graphql_requests == 6
 
 
 def test_another_secret_never_gets_the_token(live_emulator: Emulator) -> None:
@@ -126,6 +131,66 @@ def test_transports_whose_token_requests_differ_get_their_own(
     _per_call(environ, **other)
     _per_call(environ)
     assert live_emulator.counters.token_requests == 2
+
+
+def test_one_api_refusing_the_tokens_fails_no_call_to_another(live_emulator: Emulator) -> None:
+    """Two APIs behind one authorization server: tokens are shared per API, so one that
+    refuses them (another environment's) neither drops nor pauses the other's token."""
+    environ = live_emulator.environ()
+    with Emulator().run_in_thread() as other_api:
+        elsewhere = {**environ, "SERVICE_BASE_URL": other_api.base_url}
+        for _ in range(3):
+            _per_call(environ)
+            with pytest.raises(UnauthenticatedError):
+                _per_call(elsewhere)
+    assert live_emulator.counters.graphql_requests == 3
+
+
+def test_a_clock_given_as_a_bound_method_still_shares(live_emulator: Emulator) -> None:
+    """``clock=clocks.now`` is a new object at each access, and the same clock."""
+    environ, clock = live_emulator.environ(), ManualClock()
+    for _ in range(3):
+        _per_call(environ, clock=clock.__call__)
+    assert live_emulator.counters.token_requests == 1
+
+
+def test_repeated_token_parameters_are_shared_too(live_emulator: Emulator) -> None:
+    """A field sent more than once (RFC 8707 resources) is given as a list."""
+    environ = live_emulator.environ()
+    for _ in range(3):
+        _per_call(environ, token_params={"resource": ["https://a.example", "https://b.example"]})
+    assert live_emulator.counters.token_requests == 1
+
+
+def test_a_clock_that_fails_later_breaks_no_other_transport(live_emulator: Emulator) -> None:
+    """A test's clock torn down after use does not stop other transports being built."""
+    environ, broken = live_emulator.environ(), threading.Event()
+
+    def clock() -> float:
+        if broken.is_set():
+            raise RuntimeError("this clock is gone")
+        return time.monotonic()
+
+    _per_call(environ, clock=clock)
+    broken.set()
+    _per_call(environ)
+    assert live_emulator.counters.token_requests == 2
+
+
+def test_a_proxy_set_after_a_transport_is_built_carries_no_other_transports_secret(
+    live_emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests follows HTTP_PROXY, aiohttp does not by default: a proxy named after a
+    requests transport was built never receives an aiohttp transport's token request, and
+    both share the token the environment did not concern when they were built."""
+    environ = live_emulator.environ()
+    with running_proxy(tmp_path / "proxy") as proxy:
+        requests_transport = OAuth2RequestsTransport.from_env(environ, retry=NO_WAIT)
+        set_http_proxy(monkeypatch, proxy.url)
+        _per_call(environ)
+        with Client(transport=requests_transport) as session:
+            session.execute(COUNT)
+    assert via_proxy(live_emulator, "/oauth2/token") == [False]
 
 
 def test_a_token_request_that_goes_elsewhere_is_not_shared(

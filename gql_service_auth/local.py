@@ -1,0 +1,439 @@
+"""Share access tokens between the processes of one host, through a directory: no server.
+
+Needs the ``[local]`` extra: ``pip install 'gql-service-auth[local]'``.
+
+>>> store = LocalTokenStore("/var/lib/myapp/tokens")  # doctest: +SKIP
+>>> transport = OAuth2Transport(url, token_url=..., ..., token_store=store)  # doctest: +SKIP
+
+or ``SERVICE_TOKEN_STORE_URL=file:///var/lib/myapp/tokens`` for ``from_env()``. It serves
+the processes of one user on one host (cron runs, gunicorn, uvicorn or Celery workers) as
+:mod:`gql_service_auth.redis` serves a fleet, with the same guarantees, from one SQLite
+database (the standard library's ``sqlite3``), ``tokens.sqlite3`` in the directory:
+
+- Each operation is one short transaction (``BEGIN IMMEDIATE`` for writes), atomic: a
+  process killed mid-write leaves the previous state. A write keeps whichever token expires
+  later; a refused token is deleted only while it is the stored one (by fingerprint); the
+  fetch lock has an owner and a time to live its owner extends, so a holder killed mid-fetch
+  costs the others the lock's time to live at most; a failed fetch's reason is kept 5 s.
+- Nothing on disk names the credentials or holds a token in the clear: entries are named by
+  an HMAC tag and sealed with AES-GCM as in Redis (``_sealed.py``).
+- Private: the directory is created with mode 0700 and the database with 0600 (SQLite gives
+  its journal the database's mode). A directory or database another user owns, or that
+  group or others may access, is refused when used: the process fetches its token itself,
+  after a ``token_store_failed`` event that says what to do.
+- SQLite calls block: they run one at a time on a daemon thread of the store's own, never on
+  a caller's event loop, each bounded by ``timeout`` (SQLite's busy timeout is below it). A
+  forked child opens a connection of its own.
+- A file that is no database of this store (damaged, or another program's) fails the call
+  under way, and is replaced at once, atomically, by an empty database; damaged or
+  undecryptable entries read as absent. A connection whose file was replaced reopens.
+
+Expiry. Redis times every entry by its one clock; here each process reads its host's wall
+clock, which may be set back or forward. So an entry keeps the seconds it had left when
+written, with the wall time, the ``time.monotonic()`` and the boot (Linux's ``boot_id``) of
+the write. Its age is the larger of the wall time and the monotonic time elapsed, the latter
+within the same boot only, and only forwards: CLOCK_MONOTONIC is one clock for the whole
+system, which no setting of the clock moves. An entry whose wall time lies ahead, with no
+monotonic time to go by, is expired. So a reboot or a setting of the clock can make an entry
+look older, never younger: it costs a token request, never a token sent past its expiry.
+Where no boot identity is known (not Linux), the wall clock alone counts, as Redis's does.
+
+Network file systems. SQLite's locking relies on the file system's POSIX locks, which many
+NFS and SMB setups do not honour: processes on two hosts may then write at once and damage
+the database (the store then replaces it, at the cost of token requests). Use a local
+directory on each host, or Redis for many hosts. WAL mode is not used: it needs memory
+shared through a file, which a network file system does not share either.
+"""
+
+from __future__ import annotations
+
+try:
+    from ._sealed import Hidden, Sealer  # cryptography
+except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
+    raise ImportError(
+        "gql_service_auth.local needs the local extra: pip install 'gql-service-auth[local]'"
+    ) from exc
+
+import asyncio
+import json
+import math
+import os
+import sqlite3
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+from . import _fork
+from . import _local_db as db
+from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
+from ._errors import ConfigurationError
+from ._loop_thread import LoopClosed, LoopThread
+from ._store import StoredToken, TokenIdentity, TokenStore
+
+__all__ = ["LocalTokenStore"]
+
+_T = TypeVar("_T")
+
+_FAILURE_TTL = 5.0
+"""How long a failed fetch's reason is kept for its waiters, who poll every 80 ms at most."""
+
+_BUSY_SHARE = 0.8
+"""SQLite's busy timeout, as a share of the store's ``timeout``: a lock held elsewhere ends
+the call in SQLite's own error, within the caller's bound."""
+
+
+def _aad(tag: str, kind: str) -> bytes:
+    """What a sealed value is bound to: its identity and its kind of entry."""
+    return f"gql-service-auth:local:{tag}:{kind}".encode()
+
+
+class _Running:
+    """What a store runs on: its thread, and the database used there."""
+
+    def __init__(self, directory: str, busy: float) -> None:
+        self.database = db.Database(directory, busy)
+        self.loop = LoopThread("gql-service-auth-local", self._close)
+
+    def __repr__(self) -> str:
+        return f"<running {self.loop!r}>"
+
+    async def _close(self) -> None:
+        self.database.close()
+
+
+def _directory_of(url: str) -> str:
+    """The directory a ``file://`` URL names; ConfigurationError for any other URL."""
+    if not isinstance(url, str) or not url.startswith("file://"):
+        raise ConfigurationError(
+            "a local token store URL starts with file:// and names a directory by its "
+            "absolute path, as file:///var/lib/myapp/tokens"
+        )
+    parts = urlsplit(url)
+    path = unquote(parts.path)
+    if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+        raise ConfigurationError(
+            "a local token store URL names a directory of this host, with no host other "
+            "than localhost, no query and no fragment: file:///var/lib/myapp/tokens"
+        )
+    if not path.startswith("/") or "\0" in path:
+        raise ConfigurationError(
+            "a local token store URL names a directory by its absolute path: "
+            "file:///var/lib/myapp/tokens (three slashes)"
+        )
+    return path
+
+
+class LocalTokenStore(TokenStore):
+    """A :class:`~gql_service_auth.TokenStore` in a directory, for the processes of one host.
+
+    Give it to :class:`~gql_service_auth.OAuth2Transport` as ``token_store=``; one store
+    may serve many transports, even with different credentials. It is used only when a
+    process needs a new token, never per request. Its SQLite calls run on a thread of its
+    own, one at a time, so no caller's event loop ever waits on the disk; a forked child
+    opens a connection of its own. See the module docstring for what it keeps, and why
+    not on a network file system.
+
+    Args:
+        path: The directory (``str`` or path-like): made with mode 0700 if missing, and
+            refused when used if another user owns it or others may access it.
+        store_key: Key material for the entries' names and the encryption (at least 16
+            bytes), in place of the client secret: processes that share it share tokens
+            whatever client secret each holds (a secret being rotated). ``None`` derives
+            the keys from the client secret.
+        timeout: Seconds each call may take; past it, the process fetches its token itself.
+        cooldown: Seconds the store is left alone after a failed or slow call.
+
+    Raises:
+        ConfigurationError: a bad argument.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        store_key: bytes | str | None = None,
+        timeout: float = STORE_TIMEOUT,
+        cooldown: float = STORE_COOLDOWN,
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise ConfigurationError("path must be a directory, as a str or a path-like")
+        directory = os.path.abspath(os.fspath(path))
+        if not isinstance(directory, str) or "\0" in directory:
+            raise ConfigurationError("path must be a directory, as a str or a path-like")
+        if isinstance(store_key, str):
+            store_key = store_key.encode()
+        if store_key is not None and (not isinstance(store_key, bytes) or len(store_key) < 16):
+            raise ConfigurationError("store_key must be bytes or str of at least 16 bytes")
+        for name, value in (("timeout", timeout), ("cooldown", cooldown)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ConfigurationError(f"{name} must be a number of seconds, at least 0")
+        if not 0 < timeout < math.inf:
+            raise ConfigurationError("timeout must be more than 0 seconds, and finite")
+        self._directory = directory
+        self._store_key = Hidden(store_key)
+        self._timeout = float(timeout)
+        self._cooldown = float(cooldown)
+        self._location = Path(directory).as_uri()
+        self._shared_url: str | None = None
+        self._sealers: dict[TokenIdentity, Sealer] = {}
+        self._closed = False
+        self._start()
+        _fork.reset_in_child(self)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        store_key: bytes | str | None = None,
+        timeout: float = STORE_TIMEOUT,
+        cooldown: float = STORE_COOLDOWN,
+    ) -> LocalTokenStore:
+        """A store in the directory a ``file://`` URL names, as ``file:///var/lib/app/tokens``.
+
+        The host is empty or ``localhost``; the path is absolute, percent-decoded.
+
+        Args:
+            url: The URL.
+            store_key, timeout, cooldown: As for the constructor.
+
+        Raises:
+            ConfigurationError: not such a URL, or a bad argument.
+        """
+        return cls(_directory_of(url), store_key=store_key, timeout=timeout, cooldown=cooldown)
+
+    def _start(self) -> None:
+        self._running = _Running(self._directory, self._timeout * _BUSY_SHARE)
+        # Closes the database and stops the thread when the store is collected, or at exit.
+        self._finalizer = weakref.finalize(self, self._running.loop.shut)
+
+    def __repr__(self) -> str:
+        return f"<LocalTokenStore {self._location}>"
+
+    # A copy of a transport shares its store; a pickled one gets a store of the same
+    # directory in the process that unpickles it.
+    def __copy__(self) -> LocalTokenStore:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LocalTokenStore:
+        return self
+
+    def __reduce__(self) -> tuple[Callable[..., LocalTokenStore], tuple[Any, ...]]:
+        if self._shared_url is not None:
+            return shared_store, (self._shared_url,)
+        return _restore, (self._directory, self._store_key.value, self._timeout, self._cooldown)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the store was closed: transports then fetch for themselves, quietly."""
+        return self._closed or self._running.loop.closing
+
+    @property
+    def location(self) -> str:
+        """The directory, as a ``file://`` URL."""
+        return self._location
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each call may take."""
+        return self._timeout
+
+    @property
+    def cooldown(self) -> float:
+        """Seconds the store is left alone after a failed or slow call."""
+        return self._cooldown
+
+    async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``work(connection)`` on the store's thread; the caller's loop waits for nothing.
+
+        Nothing run there refers to the store, so the store is never collected (and its
+        finalizer never run) on its own thread.
+        """
+        running = self._running
+
+        async def call() -> _T:
+            return running.database.run(work)
+
+        future = running.loop.submit(call())
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            cancelling = getattr(task, "cancelling", None)
+            if future.cancelled() and running.loop.closing and not (cancelling and cancelling()):
+                # Cancelled by close(), not by the caller: to the caller an error of the
+                # store like any other, so that it fetches its token itself.
+                raise LoopClosed("the token store was closed") from None
+            raise
+
+    def _sealer(self, identity: TokenIdentity) -> Sealer:
+        sealer = self._sealers.get(identity)
+        if sealer is None:
+            material = self._store_key.value or identity.client_secret.encode()
+            sealer = self._sealers[identity] = Sealer(identity, material)
+        return sealer
+
+    # The TokenStore protocol.
+
+    async def load(self, identity: TokenIdentity) -> StoredToken | None:
+        """The stored token of ``identity``, with its time left (see the module docstring)."""
+        sealer = self._sealer(identity)
+        tag = sealer.tag
+        found = await self._run(lambda connection: db.read_token(connection, tag))
+        if found is None:
+            return None
+        value, life, replaces, left = found
+        aad = _aad(tag, "token")
+        try:
+            access_token = sealer.open(value, aad)
+            lifetime = float(life)
+            fingerprint, before = None, None
+            if replaces is not None:
+                opened = sealer.open(replaces, aad + b":replaces")
+                if opened is not None:
+                    fingerprint, before = json.loads(opened)
+                    before = float(before) if before is not None else None
+        except (ValueError, TypeError):  # UnicodeDecodeError and JSONDecodeError too
+            # Damaged, or not ours: as good as absent; a fetch's newer token replaces it.
+            return None
+        if access_token is None or not math.isfinite(lifetime):
+            return None
+        return StoredToken(access_token, left, lifetime, fingerprint, before)
+
+    async def save(self, identity: TokenIdentity, token: StoredToken) -> bool:
+        """Store ``token`` unless the stored one expires later."""
+        sealer = self._sealer(identity)
+        tag, aad = sealer.tag, _aad(sealer.tag, "token")
+        ttl = min(max(token.expires_in, 0.001), db.MAX_TTL)
+        fields: dict[str, Any] = {
+            "value": sealer.seal(token.access_token, aad),
+            "fp": sealer.fingerprint(token.access_token),
+            "life": min(token.lifetime, db.MAX_TTL),
+        }
+        if token.replaces:
+            replaced = json.dumps([token.replaces, token.replaced_before])
+            fields["replaces"] = sealer.seal(replaced, aad + b":replaces")
+        return await self._run(lambda connection: db.save_token(connection, tag, ttl, **fields))
+
+    async def discard(self, identity: TokenIdentity, access_token: str) -> bool:
+        """Delete the stored token if it is ``access_token`` (compared by fingerprint)."""
+        sealer = self._sealer(identity)
+        tag, fingerprint = sealer.tag, sealer.fingerprint(access_token)
+        return await self._run(lambda connection: db.discard_token(connection, tag, fingerprint))
+
+    async def lock(self, identity: TokenIdentity, owner: str, ttl: float) -> str | None:
+        """Take (or, for its owner, extend) the fetch lock for ``ttl`` seconds.
+
+        A lock that expired, or whose entry is damaged, is taken over.
+
+        Returns:
+            ``None`` when ``owner`` holds it now; else the holder's owner value.
+        """
+        tag, seconds = self._sealer(identity).tag, min(max(ttl, 0.001), db.MAX_TTL)
+        return await self._run(lambda connection: db.take_lock(connection, tag, owner, seconds))
+
+    async def unlock(
+        self, identity: TokenIdentity, owner: str, failure: str | None = None
+    ) -> None:
+        """Release the fetch lock if ``owner`` still holds it; publish ``failure``, if any.
+
+        The failure is kept, encrypted as tokens are, for a few seconds.
+        """
+        sealer = self._sealer(identity)
+        tag = sealer.tag
+        sealed = sealer.seal(failure, _aad(tag, "failed")) if failure is not None else None
+        await self._run(
+            lambda connection: db.release_lock(connection, tag, owner, sealed, _FAILURE_TTL)
+        )
+
+    async def failure(self, identity: TokenIdentity, owner: str) -> str | None:
+        """Why ``owner``'s fetch failed, if it released the lock so a moment ago."""
+        sealer = self._sealer(identity)
+        tag = sealer.tag
+        value = await self._run(lambda connection: db.read_failure(connection, tag, owner))
+        return sealer.open(value, _aad(tag, "failed")) if isinstance(value, str) else None
+
+    # Life cycle.
+
+    def close(self) -> None:
+        """Close the database and stop the store's thread; the store is then unusable.
+
+        A store shared by :meth:`OAuth2Transport.from_env` is closed for all its
+        transports; the next ``from_env()`` opens another. Transports that still use it
+        fetch their tokens themselves. Thread-safe, and bounded: it waits about a second at
+        most, even for a hung file system. A store collected, or open at exit, is closed too.
+        """
+        self._closed = True
+        self._finalizer()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, without blocking the calling event loop."""
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> LocalTokenStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> LocalTokenStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _after_fork_in_child(self) -> None:
+        # The store's thread is not in the child, and SQLite forbids using a connection
+        # across fork(): both stay referenced, unused; the child opens its own on first use.
+        self._finalizer.detach()
+        _fork.keep_orphan(self._running)
+        self._start()
+
+
+def _restore(
+    directory: str, store_key: bytes | None, timeout: float, cooldown: float
+) -> LocalTokenStore:
+    return LocalTokenStore(directory, store_key=store_key, timeout=timeout, cooldown=cooldown)
+
+
+class _SharedStores:
+    """The process's one store per URL, for ``from_env()``."""
+
+    def __init__(self) -> None:
+        self._by_url: dict[str, LocalTokenStore] = {}
+        self._lock = threading.Lock()
+        _fork.reset_in_child(self)
+
+    def __repr__(self) -> str:
+        return f"<shared local stores: {len(self._by_url)}>"
+
+    def get(self, url: str) -> LocalTokenStore:
+        with self._lock:
+            store = self._by_url.get(url)
+            if store is None or store.closed:
+                store = self._by_url[url] = LocalTokenStore.from_url(url)
+                store._shared_url = url
+            return store
+
+    def _after_fork_in_child(self) -> None:
+        # The stores reset themselves in the child; another thread may have held the lock.
+        self._lock = threading.Lock()
+
+
+_SHARED = _SharedStores()
+
+
+def shared_store(url: str) -> LocalTokenStore:
+    """The process's one store for the ``file://`` ``url``, opened on first use.
+
+    ``from_env()``'s: transports built one per job share it, rather than each opening a
+    database and a thread. One that was closed is replaced. A forked child keeps it: the
+    store resets itself there. Closed at exit, as every store is.
+
+    Raises:
+        ConfigurationError: ``url`` is no ``file://`` URL of an absolute path.
+    """
+    return _SHARED.get(url)
