@@ -10,9 +10,12 @@ ID). :class:`TokenStore` is the protocol a shared store implements; the Redis on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
+
+from . import _fork
 
 _T = TypeVar("_T")
 
@@ -156,6 +159,41 @@ class TokenStore(Protocol):
         Kept a few seconds at least: long enough for the waiters to read it.
         """
         ...
+
+
+_S = TypeVar("_S")
+
+
+class StoresByUrl(Generic[_S]):
+    """The process's one store per URL, for ``from_env()``: transports built one per job
+    share it, rather than each opening a store. One that was closed is replaced.
+
+    Args:
+        open_store: Opens the store of a URL (and marks it as the shared one).
+        closed: Whether a store was closed.
+    """
+
+    def __init__(self, open_store: Callable[[str], _S], closed: Callable[[_S], bool]) -> None:
+        self._open = open_store
+        self._closed = closed
+        self._by_url: dict[str, _S] = {}
+        self._lock = threading.Lock()
+        _fork.reset_in_child(self)
+
+    def __repr__(self) -> str:
+        return f"<shared stores: {len(self._by_url)}>"  # the URLs may hold passwords
+
+    def get(self, url: str) -> _S:
+        """The store of ``url``, opened on first use."""
+        with self._lock:
+            store = self._by_url.get(url)
+            if store is None or self._closed(store):
+                store = self._by_url[url] = self._open(url)
+            return store
+
+    def _after_fork_in_child(self) -> None:
+        # The stores reset themselves in the child; another thread may have held the lock.
+        self._lock = threading.Lock()
 
 
 # Shown as gql_service_auth.X, where users import them from (see _errors.py).

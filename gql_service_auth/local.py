@@ -59,7 +59,6 @@ import json
 import math
 import os
 import sqlite3
-import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -71,7 +70,7 @@ from . import _local_db as db
 from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
 from ._errors import ConfigurationError
 from ._loop_thread import LoopClosed, LoopThread
-from ._store import StoredToken, TokenIdentity, TokenStore
+from ._store import StoredToken, StoresByUrl, TokenIdentity, TokenStore
 
 __all__ = ["LocalTokenStore"]
 
@@ -399,31 +398,13 @@ def _restore(
     return LocalTokenStore(directory, store_key=store_key, timeout=timeout, cooldown=cooldown)
 
 
-class _SharedStores:
-    """The process's one store per URL, for ``from_env()``."""
-
-    def __init__(self) -> None:
-        self._by_url: dict[str, LocalTokenStore] = {}
-        self._lock = threading.Lock()
-        _fork.reset_in_child(self)
-
-    def __repr__(self) -> str:
-        return f"<shared local stores: {len(self._by_url)}>"
-
-    def get(self, url: str) -> LocalTokenStore:
-        with self._lock:
-            store = self._by_url.get(url)
-            if store is None or store.closed:
-                store = self._by_url[url] = LocalTokenStore.from_url(url)
-                store._shared_url = url
-            return store
-
-    def _after_fork_in_child(self) -> None:
-        # The stores reset themselves in the child; another thread may have held the lock.
-        self._lock = threading.Lock()
+def _open_shared(url: str) -> LocalTokenStore:
+    store = LocalTokenStore.from_url(url)
+    store._shared_url = url
+    return store
 
 
-_SHARED = _SharedStores()
+_SHARED = StoresByUrl(_open_shared, lambda store: store.closed)
 
 
 def shared_store(url: str) -> LocalTokenStore:

@@ -41,7 +41,6 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
 
 import asyncio
 import json
-import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -51,7 +50,7 @@ from . import _redis_scripts as scripts
 from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
 from ._errors import ConfigurationError
 from ._loop_thread import LoopClosed, LoopThread
-from ._store import StoredToken, TokenIdentity, TokenStore
+from ._store import StoredToken, StoresByUrl, TokenIdentity, TokenStore
 
 __all__ = ["RedisTokenStore"]
 
@@ -498,31 +497,13 @@ def _call_limit(client: _Client) -> int:
     return _MAX_CALLS
 
 
-class _SharedStores:
-    """The process's one store per URL, for ``from_env()``."""
-
-    def __init__(self) -> None:
-        self._by_url: dict[str, RedisTokenStore] = {}
-        self._lock = threading.Lock()
-        _fork.reset_in_child(self)
-
-    def __repr__(self) -> str:
-        return f"<shared stores: {len(self._by_url)}>"  # the URLs may hold passwords
-
-    def get(self, url: str) -> RedisTokenStore:
-        with self._lock:
-            store = self._by_url.get(url)
-            if store is None or store.closed:
-                store = self._by_url[url] = RedisTokenStore.from_url(url)
-                store._shared_url = _Hidden(url)
-            return store
-
-    def _after_fork_in_child(self) -> None:
-        # The stores reset themselves in the child; another thread may have held the lock.
-        self._lock = threading.Lock()
+def _open_shared(url: str) -> RedisTokenStore:
+    store = RedisTokenStore.from_url(url)
+    store._shared_url = _Hidden(url)
+    return store
 
 
-_SHARED = _SharedStores()
+_SHARED = StoresByUrl(_open_shared, lambda store: store.closed)
 
 
 def shared_store(url: str) -> RedisTokenStore:
