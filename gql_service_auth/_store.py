@@ -10,12 +10,15 @@ ID). :class:`TokenStore` is the protocol a shared store implements; the Redis on
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from . import _fork
+from ._loop_thread import LoopThread
 
 _T = TypeVar("_T")
 
@@ -159,6 +162,81 @@ class TokenStore(Protocol):
         Kept a few seconds at least: long enough for the waiters to read it.
         """
         ...
+
+
+_Store = TypeVar("_Store", bound="StoreOnItsThread")
+
+
+class _OnItsThread(Protocol):
+    """What a store runs on: its loop thread, and what lives there."""
+
+    @property
+    def loop(self) -> LoopThread: ...
+
+
+class StoreOnItsThread(TokenStore):
+    """The life cycle of a store that runs its calls on a loop thread of its own (Redis,
+    local): closing, context managers, and the settings a token manager reads.
+
+    A subclass sets ``_timeout``, ``_cooldown``, ``_location``, ``_closed``, ``_running``
+    (whose ``loop`` is the :class:`~._loop_thread.LoopThread`) and ``_finalizer`` (closes
+    what lives on that loop and stops it, once).
+    """
+
+    _timeout: float
+    _cooldown: float
+    _location: str
+    _closed: bool
+    _running: _OnItsThread
+    _finalizer: weakref.finalize[Any, Any]
+
+    @property
+    def closed(self) -> bool:
+        """Whether the store was closed: transports then fetch for themselves, quietly."""
+        return self._closed or self._running.loop.closing
+
+    @property
+    def location(self) -> str:
+        """Where the store is, with no user, password or option."""
+        return self._location
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each call may take."""
+        return self._timeout
+
+    @property
+    def cooldown(self) -> float:
+        """Seconds the store is left alone after a failed or slow call."""
+        return self._cooldown
+
+    def close(self) -> None:
+        """Close the store and stop its thread; the store is then unusable.
+
+        A store shared by :meth:`OAuth2Transport.from_env` is closed for all its
+        transports; the next ``from_env()`` opens another. Transports that still use it
+        fetch their tokens themselves. Thread-safe, and bounded (about 2 s at most, even
+        for a hung server or file system). A store collected, or open at exit, is closed
+        the same way.
+        """
+        self._closed = True
+        self._finalizer()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, without blocking the calling event loop."""
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self: _Store) -> _Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self: _Store) -> _Store:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 _S = TypeVar("_S")

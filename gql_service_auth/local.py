@@ -70,7 +70,7 @@ from . import _local_db as db
 from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
 from ._errors import ConfigurationError
 from ._loop_thread import LoopClosed, LoopThread
-from ._store import StoredToken, StoresByUrl, TokenIdentity, TokenStore
+from ._store import StoredToken, StoreOnItsThread, StoresByUrl, TokenIdentity
 
 __all__ = ["LocalTokenStore"]
 
@@ -125,7 +125,7 @@ def _directory_of(url: str) -> str:
     return path
 
 
-class LocalTokenStore(TokenStore):
+class LocalTokenStore(StoreOnItsThread):
     """A :class:`~gql_service_auth.TokenStore` in a directory, for the processes of one host.
 
     Give it to :class:`~gql_service_auth.OAuth2Transport` as ``token_store=``; one store
@@ -148,6 +148,8 @@ class LocalTokenStore(TokenStore):
     Raises:
         ConfigurationError: a bad argument.
     """
+
+    _running: _Running
 
     def __init__(
         self,
@@ -224,26 +226,6 @@ class LocalTokenStore(TokenStore):
         if self._shared_url is not None:
             return shared_store, (self._shared_url,)
         return _restore, (self._directory, self._store_key.value, self._timeout, self._cooldown)
-
-    @property
-    def closed(self) -> bool:
-        """Whether the store was closed: transports then fetch for themselves, quietly."""
-        return self._closed or self._running.loop.closing
-
-    @property
-    def location(self) -> str:
-        """The directory, as a ``file://`` URL."""
-        return self._location
-
-    @property
-    def timeout(self) -> float:
-        """Seconds each call may take."""
-        return self._timeout
-
-    @property
-    def cooldown(self) -> float:
-        """Seconds the store is left alone after a failed or slow call."""
-        return self._cooldown
 
     async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """``work(connection)`` on the store's thread; the caller's loop waits for nothing.
@@ -356,33 +338,6 @@ class LocalTokenStore(TokenStore):
         return sealer.open(value, _aad(tag, "failed")) if isinstance(value, str) else None
 
     # Life cycle.
-
-    def close(self) -> None:
-        """Close the database and stop the store's thread; the store is then unusable.
-
-        A store shared by :meth:`OAuth2Transport.from_env` is closed for all its
-        transports; the next ``from_env()`` opens another. Transports that still use it
-        fetch their tokens themselves. Thread-safe, and bounded: it waits about a second at
-        most, even for a hung file system. A store collected, or open at exit, is closed too.
-        """
-        self._closed = True
-        self._finalizer()
-
-    async def aclose(self) -> None:
-        """:meth:`close`, without blocking the calling event loop."""
-        await asyncio.to_thread(self.close)
-
-    def __enter__(self) -> LocalTokenStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> LocalTokenStore:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def _after_fork_in_child(self) -> None:
         # The store's thread is not in the child, and SQLite forbids using a connection

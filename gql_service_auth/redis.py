@@ -50,7 +50,7 @@ from . import _redis_scripts as scripts
 from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
 from ._errors import ConfigurationError
 from ._loop_thread import LoopClosed, LoopThread
-from ._store import StoredToken, StoresByUrl, TokenIdentity, TokenStore
+from ._store import StoredToken, StoreOnItsThread, StoresByUrl, TokenIdentity
 
 __all__ = ["RedisTokenStore"]
 
@@ -79,7 +79,7 @@ def _opaque(value: bytes | str) -> str:
     return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
 
 
-class RedisTokenStore(TokenStore):
+class RedisTokenStore(StoreOnItsThread):
     """A :class:`~gql_service_auth.TokenStore` on Redis, Redis Cluster or Valkey.
 
     Give it to :class:`~gql_service_auth.OAuth2Transport` as ``token_store=``; one store
@@ -105,6 +105,8 @@ class RedisTokenStore(TokenStore):
     Raises:
         ConfigurationError: a bad argument.
     """
+
+    _running: _Running
 
     def __init__(
         self,
@@ -229,26 +231,6 @@ class RedisTokenStore(TokenStore):
             )
         (url, client_kwargs), store_key, timeout, cooldown, prefix = self._recipe.value
         return _restore, (url, client_kwargs, store_key, timeout, cooldown, prefix)
-
-    @property
-    def closed(self) -> bool:
-        """Whether the store was closed: transports then fetch for themselves, quietly."""
-        return self._closed or self._running.loop.closing
-
-    @property
-    def location(self) -> str:
-        """Which Redis: its URL with no user, password or options (``redis://host:6379/0``)."""
-        return self._location
-
-    @property
-    def timeout(self) -> float:
-        """Seconds each Redis call may take."""
-        return self._timeout
-
-    @property
-    def cooldown(self) -> float:
-        """Seconds Redis is left alone after a failed or slow call."""
-        return self._cooldown
 
     # The store's own thread and loop, on which the client lives.
 
@@ -379,35 +361,6 @@ class RedisTokenStore(TokenStore):
         return keys.open(sealed, keys.failed.encode()) if holder == owner else None
 
     # Life cycle.
-
-    def close(self) -> None:
-        """Close the Redis client and stop the store's thread; the store is then unusable.
-
-        A store shared by :meth:`OAuth2Transport.from_env` is closed for all its
-        transports; the next ``from_env()`` opens another.
-
-        Transports that still use it fetch their tokens themselves. Thread-safe, and
-        bounded: it waits at most about a second. A store that is collected, or still
-        open at exit, is closed the same way.
-        """
-        self._closed = True
-        self._finalizer()
-
-    async def aclose(self) -> None:
-        """:meth:`close`, without blocking the calling event loop."""
-        await asyncio.to_thread(self.close)
-
-    def __enter__(self) -> RedisTokenStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> RedisTokenStore:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def _after_fork_in_child(self) -> None:
         # The store's thread is not in the child, and the client's sockets are the
