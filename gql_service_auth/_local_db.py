@@ -7,6 +7,14 @@ each in one short transaction (``BEGIN IMMEDIATE`` for writes, so a write is ato
 
 Each entry keeps the seconds it had left when written, and the wall time, the monotonic
 time and the boot of the write (:func:`_left` says how its age follows from them).
+
+fork(). SQLite keeps the locks its connections hold on a file in the process's memory,
+shared by every connection to that file, and a child inherits that memory but not the
+locks. A child forked while a store's thread is inside a SQLite call would take its own
+connection's locks for held ones, and never write again (seen: 6 to 9 forks in 100 under
+constant writes). So each call holds its database's ``gate``, and a fork waits for every
+gate, up to :data:`FORK_WAIT`. A child forked while a call went on past that does not use
+SQLite at all: its stores fail, and it fetches its own tokens.
 """
 
 from __future__ import annotations
@@ -17,14 +25,26 @@ import os
 import sqlite3
 import stat
 import tempfile
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, TypeVar
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
 _T = TypeVar("_T")
 
-DATABASE = "tokens.sqlite3"
-"""The database's file name in the store's directory."""
+DATABASE = "tokens-v1.sqlite3"
+"""The database's file name in the store's directory. A later schema takes another name, so
+that two versions running side by side (a rolling deploy) each keep their own file, rather
+than each replacing the other's."""
+
+FORK_WAIT = 1.0
+"""Seconds a fork() waits for the SQLite calls under way in the process (see above)."""
 
 _SIDE_FILES = ("-journal", "-wal", "-shm")
 _APPLICATION_ID = 0x67736131  # "gsa1" in SQLite's header: a database of this store
@@ -88,9 +108,7 @@ class _NotOurs(sqlite3.DatabaseError):
 
 
 def _damaged(exc: sqlite3.DatabaseError) -> bool:
-    """Whether ``exc`` says the file is no database of ours (not busy, not I/O)."""
-    if isinstance(exc, _NotOurs):
-        return True
+    """Whether ``exc`` says the file is no database at all (not busy, not I/O)."""
     code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
     if isinstance(code, int):
         return code & 0xFF in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
@@ -100,6 +118,8 @@ def _damaged(exc: sqlite3.DatabaseError) -> bool:
 def _refuse_shared(path: str, status: os.stat_result, what: str, advice: str) -> None:
     if not hasattr(os, "getuid"):  # pragma: no cover - Windows: no POSIX modes
         return
+    if stat.S_ISLNK(status.st_mode):
+        raise PermissionError(f"the token store {what} {path} is a symbolic link: {advice}")
     if status.st_uid != os.getuid():
         raise PermissionError(
             f"the token store {what} {path} belongs to another user (uid {status.st_uid}): "
@@ -234,7 +254,10 @@ def _prepare(connection: sqlite3.Connection) -> None:
             return
         tables = connection.execute("SELECT count(*) FROM sqlite_master").fetchall()[0][0]
         if found != (0, 0) or tables:
-            raise _NotOurs("the file is not a database of this token store")
+            raise _NotOurs(
+                "it is a database of another program, or of another version of "
+                "gql-service-auth, and is left as it is: give the store a directory of its own"
+            )
         connection.execute(_SCHEMA)
         connection.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
         connection.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
@@ -254,11 +277,17 @@ class Database:
         self.busy = busy
         self.connection: sqlite3.Connection | None = None
         self.opened: tuple[int, int] | None = None  # (device, inode) of its file
+        self.gate = threading.Lock()  # held by each call, and by a fork (see above)
+        _gated.add(self)
 
     def __repr__(self) -> str:
         return f"<database {self.path!r} open={self.connection is not None}>"
 
     def close(self) -> None:
+        with self.gate:
+            self._close()
+
+    def _close(self) -> None:
         connection, self.connection, self.opened = self.connection, None, None
         if connection is not None:
             connection.close()
@@ -268,41 +297,60 @@ class Database:
 
         Raises:
             PermissionError: the directory or the file is not private to this user.
-            sqlite3.DatabaseError: the file was no database of this store, and was replaced
-                by an empty one; or SQLite's own error (a lock held past the busy timeout).
+            sqlite3.DatabaseError: the file was no database at all, and was replaced by an
+                empty one; it is another program's or schema's database, left alone; or
+                SQLite's own error (a lock held past the busy timeout).
+            RuntimeError: this process was forked during a SQLite call (see above).
         """
-        found = self._checked()
-        try:
-            return work(self._connection(found))
-        except sqlite3.DatabaseError as exc:
-            if not _damaged(exc):
-                raise
-            self._replace(found)
-            raise sqlite3.DatabaseError(
-                f"the token store file {self.path} was not a database of this store "
-                f"({exc}): it was replaced by an empty one"
-            ) from None
+        with self.gate:
+            if _forked_mid_call:
+                raise RuntimeError(
+                    "this process was forked while a SQLite call of a token store went on, "
+                    "which leaves SQLite's locks unusable in it: it fetches its own tokens"
+                )
+            found = self._checked()
+            try:
+                return work(self._connection(found))
+            except _NotOurs as exc:
+                raise sqlite3.DatabaseError(f"the token store file {self.path}: {exc}") from None
+            except sqlite3.DatabaseError as exc:
+                if not _damaged(exc):
+                    raise
+                self._replace(found)
+                raise sqlite3.DatabaseError(
+                    f"the token store file {self.path} was not a database ({exc}): it was "
+                    "replaced by an empty one"
+                ) from None
 
     def _checked(self) -> tuple[int, int]:
         """Make what is missing, refuse what others may use; the file's (device, inode)."""
+        advice = "use a directory of your own; it is created with mode 0700"
         try:
-            status = os.stat(self.directory)
+            link = os.lstat(self.directory)
         except FileNotFoundError:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            status = os.stat(self.directory)
+            _make_directories(self.directory)
+            link = os.lstat(self.directory)
+        if stat.S_ISLNK(link.st_mode) and hasattr(os, "getuid") and link.st_uid != os.getuid():
+            # A link of the user's own to a directory of theirs will do; not another user's.
+            raise PermissionError(
+                f"the token store directory {self.directory} is a symbolic link another user "
+                f"made (uid {link.st_uid}): {advice}"
+            )
+        status = os.stat(self.directory)
         if not stat.S_ISDIR(status.st_mode):
             raise NotADirectoryError(
                 f"the token store path {self.directory} is not a directory: give it a "
                 "directory of its own"
             )
-        advice = "use a directory of your own; it is created with mode 0700"
         _refuse_shared(self.directory, status, "directory", advice)
         try:
-            status = os.stat(self.path)
+            status = os.lstat(self.path)
         except FileNotFoundError:
             # Made here, not by SQLite, which would take its mode from the umask.
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-            status = os.stat(self.path)
+            with contextlib.suppress(FileExistsError):  # another process was first
+                flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                os.close(os.open(self.path, flags, 0o600))
+            status = os.lstat(self.path)
         _refuse_shared(self.path, status, "database", "remove it; it is made with mode 0600")
         return status.st_dev, status.st_ino
 
@@ -311,7 +359,7 @@ class Database:
             return self.connection
         # Its file was replaced (or this is the first call): writes must not go on into
         # a file no other process reads.
-        self.close()
+        self._close()
         connection = sqlite3.connect(self.path, timeout=self.busy, isolation_level=None)
         try:
             # A power cut may lose the last write, or damage the file, which is then
@@ -326,8 +374,9 @@ class Database:
 
     def _replace(self, damaged: tuple[int, int]) -> None:
         """Put an empty database in place of the ``damaged`` file, unless another process
-        did so already: made aside, synced, then renamed over it (atomic)."""
-        self.close()
+        did so already: made aside, synced, then renamed over it (atomic), under a lock on
+        the directory, so that two processes that found it damaged replace it once."""
+        self._close()
         handle, temporary = tempfile.mkstemp(prefix=".tokens-", suffix=".tmp", dir=self.directory)
         try:
             fresh = sqlite3.connect(temporary, isolation_level=None)
@@ -336,24 +385,98 @@ class Database:
             finally:
                 fresh.close()
             os.fsync(handle)
-            try:
-                status = os.stat(self.path)
-            except FileNotFoundError:
-                return  # gone: the next call makes it
-            if (status.st_dev, status.st_ino) != damaged:
-                return  # another process replaced it already
-            # A journal left next to the damaged file would be played into the new one.
-            for suffix in _SIDE_FILES:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path + suffix)
-            os.replace(temporary, self.path)
-            with contextlib.suppress(OSError):
-                directory = os.open(self.directory, os.O_RDONLY)
+            with _locked(self.directory, self.busy) as directory:
                 try:
+                    status = os.lstat(self.path)
+                except FileNotFoundError:
+                    return  # gone: the next call makes it
+                if (status.st_dev, status.st_ino) != damaged:
+                    return  # another process replaced it already
+                # A journal left next to the damaged file would be played into the new one.
+                for suffix in _SIDE_FILES:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.path + suffix)
+                os.replace(temporary, self.path)
+                with contextlib.suppress(OSError):
                     os.fsync(directory)
-                finally:
-                    os.close(directory)
         finally:
             os.close(handle)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
+
+
+def _make_directories(path: str) -> None:
+    """Make ``path`` and its missing parents, each with mode 0700 (``os.makedirs`` gives
+    the parents the umask's mode)."""
+    missing: list[str] = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process was first
+            os.mkdir(directory, 0o700)
+
+
+@contextlib.contextmanager
+def _locked(directory: str, wait: float) -> Iterator[int]:
+    """The directory open, and locked against the other processes' replacements (flock:
+    released by the kernel if its holder dies), for up to ``wait`` seconds; unlocked
+    where the file system has no such locks."""
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + wait
+        while fcntl is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the token store {directory} stayed locked") from None
+                time.sleep(0.01)
+            except OSError:
+                break  # no locks here (some network file systems): the rename is atomic
+        yield handle
+    finally:
+        os.close(handle)  # releases the lock
+
+
+# fork(): see the module docstring.
+
+_gated: weakref.WeakSet[Database] = weakref.WeakSet()
+_held: list[threading.Lock] = []
+_missed = False
+_forked_mid_call = False
+
+
+def _before_fork() -> None:
+    global _missed
+    deadline = time.monotonic() + FORK_WAIT
+    for database in list(_gated):
+        if database.gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            _held.append(database.gate)
+        else:
+            _missed = True
+
+
+def _after_fork_in_parent() -> None:
+    global _missed
+    while _held:
+        _held.pop().release()
+    _missed = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_mid_call
+    _forked_mid_call = _forked_mid_call or _missed
+    _after_fork_in_parent()
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - absent only on Windows
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )

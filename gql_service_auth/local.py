@@ -8,7 +8,7 @@ Needs the ``[local]`` extra: ``pip install 'gql-service-auth[local]'``.
 or ``SERVICE_TOKEN_STORE_URL=file:///var/lib/myapp/tokens`` for ``from_env()``. It serves
 the processes of one user on one host (cron runs, gunicorn, uvicorn or Celery workers) as
 :mod:`gql_service_auth.redis` serves a fleet, with the same guarantees, from one SQLite
-database (the standard library's ``sqlite3``), ``tokens.sqlite3`` in the directory:
+database (the standard library's ``sqlite3``), ``tokens-v1.sqlite3`` in the directory:
 
 - Each operation is one short transaction (``BEGIN IMMEDIATE`` for writes), atomic: a
   process killed mid-write leaves the previous state. A write keeps whichever token expires
@@ -17,16 +17,21 @@ database (the standard library's ``sqlite3``), ``tokens.sqlite3`` in the directo
   costs the others the lock's time to live at most; a failed fetch's reason is kept 5 s.
 - Nothing on disk names the credentials or holds a token in the clear: entries are named by
   an HMAC tag and sealed with AES-GCM as in Redis (``_sealed.py``).
-- Private: the directory is created with mode 0700 and the database with 0600 (SQLite gives
-  its journal the database's mode). A directory or database another user owns, or that
-  group or others may access, is refused when used: the process fetches its token itself,
-  after a ``token_store_failed`` event that says what to do.
+- Private: the directory (and any missing parent) is created with mode 0700 and the
+  database with 0600 (SQLite gives its journal the database's mode). A directory or database
+  another user owns, or that group or others may access, a database that is a symbolic
+  link, or a directory that is another user's link, is refused when used: the process
+  fetches its token itself, after a ``token_store_failed`` event that says what to do.
 - SQLite calls block: they run one at a time on a daemon thread of the store's own, never on
   a caller's event loop, each bounded by ``timeout`` (SQLite's busy timeout is below it). A
-  forked child opens a connection of its own.
-- A file that is no database of this store (damaged, or another program's) fails the call
-  under way, and is replaced at once, atomically, by an empty database; damaged or
-  undecryptable entries read as absent. A connection whose file was replaced reopens.
+  forked child opens a connection of its own. A ``fork()`` waits for the SQLite call under
+  way, if any (1 s at most): SQLite's locks are not inherited, but its memory of them is.
+  A child forked while a call went on past that does not use the store.
+- A file that is no database at all (damaged) fails the call under way, and is replaced at
+  once, atomically, by an empty database; damaged or undecryptable entries read as absent. A
+  connection whose file was replaced reopens. A database of another program, or of another
+  schema, is left alone and the store fails: a later schema takes another file name, so
+  versions running side by side (a rolling deploy) each keep their own file.
 
 Expiry. Redis times every entry by its one clock; here each process reads its host's wall
 clock, which may be set back or forward. So an entry keeps the seconds it had left when
@@ -122,7 +127,12 @@ def _directory_of(url: str) -> str:
             "a local token store URL names a directory by its absolute path: "
             "file:///var/lib/myapp/tokens (three slashes)"
         )
-    return path
+    if path.lstrip("/").startswith("~"):
+        raise ConfigurationError(
+            "a file:// URL does not expand ~: name the directory by its absolute path, as "
+            "file:///home/me/.cache/myapp/tokens"
+        )
+    return os.path.normpath(path)
 
 
 class LocalTokenStore(StoreOnItsThread):
@@ -372,4 +382,5 @@ def shared_store(url: str) -> LocalTokenStore:
     Raises:
         ConfigurationError: ``url`` is no ``file://`` URL of an absolute path.
     """
-    return _SHARED.get(url)
+    # Keyed by the directory: file:///a/b/, file://localhost/a/b and file:///a//b are one.
+    return _SHARED.get(Path(_directory_of(url)).as_uri())

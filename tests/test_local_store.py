@@ -42,7 +42,7 @@ from gql_service_auth import (
 from gql_service_auth.emulator import Emulator
 from gql_service_auth.local import LocalTokenStore, shared_store
 
-DATABASE = "tokens.sqlite3"
+DATABASE = "tokens-v1.sqlite3"
 TOKEN_PATTERN = re.compile(rb"emu-token-[A-Za-z0-9_-]{20,}")
 IDENTITY = TokenIdentity("https://auth.test/token", "id", "secret-value-123")
 
@@ -217,6 +217,29 @@ async def test_from_env_shares_one_local_store_per_url_per_process(
         reopened.close()
 
 
+def test_from_env_takes_urls_of_one_directory_for_one_store(tmp_path: Path) -> None:
+    """Spellings of one directory's URL share its store: slashes, localhost, dot segments."""
+    url = (tmp_path / "store").as_uri()
+    store = shared_store(url)
+    try:
+        for spelling in (
+            url + "/",
+            url.replace("file://", "file://localhost"),
+            url.replace("/store", "//store"),
+            url.replace("/store", "/./x/../store"),
+        ):
+            assert shared_store(spelling) is store, spelling
+        assert store.location == url
+    finally:
+        store.close()
+
+
+def test_a_url_with_a_tilde_is_refused_not_taken_literally() -> None:
+    """file:///~/tokens would name a directory "~" under /, not the home directory."""
+    with pytest.raises(ConfigurationError, match="does not expand ~"):
+        shared_store("file:///~/tokens")
+
+
 @pytest.mark.parametrize(
     "url",
     [
@@ -306,6 +329,7 @@ async def test_the_directory_and_its_files_are_private(
     finally:
         os.umask(umask)
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE(directory.parent.stat().st_mode) == 0o700  # not the umask's 0755
     assert [p.name for p in directory.iterdir()] == [DATABASE]
     assert stat.S_IMODE((directory / DATABASE).stat().st_mode) == 0o600
 
@@ -327,7 +351,15 @@ def give_away(directory: Path) -> str:
     return f"the token store directory {directory} belongs to another user"
 
 
-@pytest.mark.parametrize("loosen", [loosen_directory, loosen_database, give_away])
+def link_database(directory: Path) -> str:
+    database = directory / DATABASE
+    elsewhere = directory / "elsewhere.sqlite3"
+    database.rename(elsewhere)
+    database.symlink_to(elsewhere)
+    return f"the token store database {database} is a symbolic link"
+
+
+@pytest.mark.parametrize("loosen", [loosen_directory, loosen_database, give_away, link_database])
 async def test_a_store_others_can_reach_is_refused_and_queries_succeed(
     live_emulator: Emulator, tmp_path: Path, loosen: Callable[[Path], str]
 ) -> None:
@@ -384,7 +416,7 @@ async def test_the_store_directory_holds_no_client_id_secret_or_token(
 async def test_a_corrupt_store_file_fails_no_query_and_is_replaced(
     live_emulator: Emulator, tmp_path: Path, when: str
 ) -> None:
-    """Garbage in tokens.sqlite3: queries succeed, one token_store_failed, then it works again."""
+    """Garbage in the database: queries succeed, one token_store_failed, then it works again."""
     directory = tmp_path / "store"
     events: list[AuthEvent] = []
     with LocalTokenStore(directory, timeout=SLOW_MACHINE) as store:
@@ -418,6 +450,43 @@ async def test_a_corrupt_store_file_fails_no_query_and_is_replaced(
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "['token_loaded']"
     assert live_emulator.counters.token_requests == 2
+
+
+async def test_another_programs_database_is_left_alone_and_fails_no_query(
+    live_emulator: Emulator, tmp_path: Path
+) -> None:
+    """A database of another program (or of another schema of ours) under the store's name:
+    not replaced, not written; one token_store_failed that says so; queries succeed."""
+    directory = tmp_path / "store"
+    directory.mkdir(mode=0o700)
+    other = sqlite3.connect(directory / DATABASE, isolation_level=None)
+    other.execute("CREATE TABLE notes (text TEXT)")
+    other.execute("INSERT INTO notes VALUES ('theirs')")
+    other.close()
+    (directory / DATABASE).chmod(0o600)
+    before = (directory / DATABASE).read_bytes()
+    events: list[AuthEvent] = []
+    with LocalTokenStore(directory, timeout=SLOW_MACHINE) as store:
+        await query(with_store(live_emulator, store, events), times=3)
+    assert (directory / DATABASE).read_bytes() == before
+    failed = [e for e in events if e.name == "token_store_failed"]
+    assert len(failed) == 1
+    assert "another program, or of another version" in str(failed[0].detail)
+    assert "left as it is" in str(failed[0].detail)
+
+
+async def test_a_link_of_ones_own_to_a_private_directory_is_used(
+    live_emulator: Emulator, tmp_path: Path
+) -> None:
+    """A store path that is the user's own symbolic link to their own private directory."""
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(target)
+    with LocalTokenStore(tmp_path / "link", timeout=SLOW_MACHINE) as store:
+        events: list[AuthEvent] = []
+        await query(with_store(live_emulator, store, events))
+    assert [e.name for e in events] == ["token_fetched"]
+    assert (target / DATABASE).exists()
 
 
 async def test_a_connection_reopens_a_file_another_process_replaced(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ def test_a_lock_holder_killed_mid_fetch_is_taken_over_within_the_locks_ttl(
         killed = time.monotonic()
     finally:
         live_emulator.freeze_token_endpoint(0)
-    database = sqlite3.connect(tmp_path / "store" / "tokens.sqlite3")
+    database = sqlite3.connect(tmp_path / "store" / "tokens-v1.sqlite3")
     try:
         locks = database.execute("SELECT count(*) FROM entries WHERE kind = 'lock'").fetchall()
     finally:
