@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import netrc
 import os
 import ssl
 from collections.abc import Callable, Hashable, Mapping
@@ -144,12 +146,14 @@ class TokenSession:
         """Where this session sends a request to ``url``, and how: sessions with equal
         keys send the same request to the same place, so their tokens are shared.
 
-        With ``trust_env``, what the environment says now (a proxy for ``url``, a
-        ``.netrc``); with neither, trusting it changes nothing.
+        With ``trust_env``, what the environment says now (a proxy for ``url``, unless
+        one is given; a ``.netrc`` entry for its host); with neither, trusting it
+        changes nothing.
         """
-        environment: tuple[str | None, bool] = (None, False)
-        if self.trust_env and self.proxy is None:
-            environment = _environment(url)
+        environment: tuple[str | None, str | None] = (None, None)
+        if self.trust_env:
+            proxy, entry = _environment(url)
+            environment = (proxy if self.proxy is None else None, entry)
         options = tuple(sorted((key, _hashable(value)) for key, value in self.options.items()))
         return (
             str(self.proxy) if self.proxy is not None else None,
@@ -297,7 +301,8 @@ def resolve_token_session(
     trust_env = chosen.pop("trust_env", False)
     if token_session_args is not None and not isinstance(trust_env, bool):
         raise ConfigurationError("token_session_args['trust_env'] must be a bool")
-    if trust_env and proxy is None and _environment(token_url) == (None, False):
+    environment_proxy, netrc_entry = _environment(token_url)
+    if trust_env and (proxy is not None or environment_proxy is None) and netrc_entry is None:
         # Nothing in the environment concerns the token URL now, and it is read once (as
         # the GraphQL requests' proxy is, per origin): such a session sends as one that
         # ignores the environment, so transports of either kind share their tokens, and
@@ -313,14 +318,26 @@ def resolve_token_session(
     )
 
 
-def _environment(url: str | URL) -> tuple[str | None, bool]:
-    """What ``trust_env`` takes from the environment for ``url`` now: the proxy, and
-    whether a ``.netrc`` exists (aiohttp reads credentials from it)."""
+def _environment(url: str | URL) -> tuple[str | None, str | None]:
+    """What ``trust_env`` takes from the environment for ``url`` now: the proxy, and a
+    digest of the ``.netrc`` entry aiohttp would send as Basic credentials (with a proxy
+    given or not), ``None`` when it has none for the host."""
     target = URL(url)
     bypassed = target.host is None or proxy_bypass(target.host)
     proxy = None if bypassed else getproxies().get(target.scheme)
-    netrc = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
-    return proxy or None, os.path.exists(netrc)
+    return proxy or None, _netrc_entry(target.host)
+
+
+def _netrc_entry(host: str | None) -> str | None:
+    # Read as aiohttp reads it (NETRC, else ~/.netrc); unreadable or malformed: none.
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    if host is None or not os.path.exists(path):
+        return None
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return None if entry is None else hashlib.sha256(repr(entry).encode()).hexdigest()
 
 
 def _hashable(value: object) -> Hashable:

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from yarl import URL
 
+from . import _fork
 from ._aiohttp_token_session import (
     AiohttpFormPoster,
     TokenSessionArgs,
@@ -35,11 +40,13 @@ from ._constants import (
 from ._credentials import ClientCredentials
 from ._events import Emitter, EventHook
 from ._http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules
-from ._oauth2 import ClientAuthMethod, RetryPolicy
+from ._oauth2 import ClientAuthMethod, RetryPolicy, checked_token_params
 from ._redact import forgets_on_error
 from ._settings import check_renewal_settings, joined_scope, store_from_env, token_manager
+from ._sharing import api_endpoint
 from ._store import TokenStore
 from ._token import AccessToken, Clock
+from ._tokens import TokenManager
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):
@@ -68,7 +75,7 @@ class OAuth2AuthOptions(TypedDict, total=False):
     share_tokens: bool
 
 
-def oauth2_rules(
+def oauth2_settings(
     token_url: str | URL,
     client_id: str,
     client_secret: str,
@@ -90,9 +97,8 @@ def oauth2_rules(
     share_tokens: bool,
     inherited: Mapping[str, Any],
     inherited_from: str,
-    api_url: str | URL | None = None,
-) -> OAuth2Rules:
-    """The settings of an OAuth2 auth, checked, and the token manager they make.
+) -> OAuth2Settings:
+    """The settings of an OAuth2 auth, checked: they make the rules for each API.
 
     ``inherited`` is what the token request takes from the GraphQL requests' client when
     ``token_session_args`` is ``None`` (``trust_env``, ``proxy``), named ``inherited_from``
@@ -114,12 +120,13 @@ def oauth2_rules(
         max_renewals=max_renewals,
     )
     emit = Emitter(on_event)
-    tokens = token_manager(
+    manager = partial(
+        token_manager,
         token_url,
         credentials,
         post=AiohttpFormPoster(ssl=ssl_of_verify(verify), session=session, verify=verify),
         scope=joined_scope(scope),
-        token_params=token_params,
+        token_params=checked_token_params(token_params),
         token_auth_method=token_auth_method,
         refresh_margin=refresh_margin,
         default_expires_in=default_expires_in,
@@ -128,16 +135,89 @@ def oauth2_rules(
         clock=clock,
         token_store=token_store,
         share=share_tokens,
-        api_url=api_url,
     )
-    return OAuth2Rules(
+    return OAuth2Settings(
         credentials,
-        tokens,
+        manager,
         max_renewals,
         float(refresh_margin),
         emit,
         InsecureOrigins(allow_insecure_http),
     )
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class OAuth2Settings:
+    """An OAuth2 auth's checked settings; :meth:`rules` makes its rules for an API."""
+
+    credentials: ClientCredentials
+    manager: Callable[..., TokenManager]  # token_manager, all but api_url given
+    max_renewals: int
+    refresh_margin: float
+    emit: Emitter
+    origins: InsecureOrigins
+
+    def __repr__(self) -> str:
+        return f"<OAuth2Settings client_id={self.credentials.client_id!r}>"
+
+    def rules(self, api_url: str | URL | None) -> OAuth2Rules:
+        """The rules of requests to the API at ``api_url``, with its token manager."""
+        return OAuth2Rules(
+            self.credentials,
+            self.manager(api_url=api_url),
+            self.max_renewals,
+            self.refresh_margin,
+            self.emit,
+            self.origins,
+        )
+
+
+class _PerApi:
+    """A standalone auth object's rules for each API it signs requests to.
+
+    Its token is shared as a transport's for that API would be (see ``_sharing.py``), so
+    what one API refuses never drops or pauses the token of another. The latest
+    :data:`_APIS_KEPT` APIs are kept; a copy or an unpickled one starts with none.
+    """
+
+    def __init__(self, settings: OAuth2Settings) -> None:
+        self.settings = settings
+        self._setup()
+
+    def _setup(self) -> None:
+        self._by_api: OrderedDict[str | None, OAuth2Rules] = OrderedDict()
+        self._lock = threading.Lock()
+        self.latest: OAuth2Rules | None = None
+        _fork.reset_in_child(self)
+
+    def __repr__(self) -> str:
+        return f"<rules for {len(self._by_api)} APIs>"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.settings = state["settings"]
+        self._setup()
+
+    def rules(self, url: object) -> OAuth2Rules:
+        api = api_endpoint(str(url))
+        with self._lock:
+            rules = self._by_api.get(api)
+            if rules is None:
+                rules = self._by_api[api] = self.settings.rules(api)
+                while len(self._by_api) > _APIS_KEPT:
+                    self._by_api.popitem(last=False)
+            self._by_api.move_to_end(api)
+            self.latest = rules
+        return rules
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+
+
+_APIS_KEPT = 16
+"""How many APIs a standalone auth object keeps rules for: one, in the common case."""
 
 
 class ApiKeyAuthBase:
@@ -244,7 +324,7 @@ class OAuth2AuthBase:
         share_tokens: bool = True,
     ) -> None:
         self.token_url = token_url
-        self._rules = oauth2_rules(
+        settings = oauth2_settings(
             token_url,
             client_id,
             client_secret,
@@ -266,6 +346,8 @@ class OAuth2AuthBase:
             inherited={"trust_env": True},
             inherited_from="the environment (trust_env)",
         )
+        self._rules: OAuth2Rules | None = None
+        self._per_api: _PerApi | None = _PerApi(settings)
 
     @classmethod
     def _of(cls, token_url: str | URL, rules: OAuth2Rules) -> Self:
@@ -273,7 +355,15 @@ class OAuth2AuthBase:
         auth = cls.__new__(cls)
         auth.token_url = token_url
         auth._rules = rules
+        auth._per_api = None
         return auth
+
+    def _rules_for(self, url: object) -> OAuth2Rules:
+        """The rules of a request to ``url``: a transport's own, or those of its API."""
+        if self._per_api is not None:
+            return self._per_api.rules(url)
+        assert self._rules is not None
+        return self._rules
 
     @classmethod
     @forgets_on_error
@@ -307,11 +397,22 @@ class OAuth2AuthBase:
 
     @property
     def token(self) -> AccessToken | None:
-        """The cached access token (its ``repr`` hides the value), or ``None`` before the first."""
-        return self._rules.tokens.token
+        """The cached access token (its ``repr`` hides the value), or ``None`` before the first.
+
+        Of the API this auth last signed a request to: each API has its own token.
+        """
+        rules = self._per_api.latest if self._per_api is not None else self._rules
+        return rules.tokens.token if rules is not None else None
 
     def __repr__(self) -> str:
         return (
             f"<{type(self).__name__} token_url={str(self.token_url)!r} "
-            f"client_id={self._rules.credentials.client_id!r}>"
+            f"client_id={self._credentials.client_id!r}>"
         )
+
+    @property
+    def _credentials(self) -> ClientCredentials:
+        if self._per_api is not None:
+            return self._per_api.settings.credentials
+        assert self._rules is not None
+        return self._rules.credentials

@@ -101,7 +101,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         if "Authorization" in request.headers:
             yield request  # the caller's own: neither replaced nor re-sent
             return
-        rules = self._rules
+        rules = self._rules_for(request.url)
         replayable = _start(rules, request)
         min_ttl = 0.0 if replayable else rules.refresh_margin
         token = rules.tokens.fresh(min_ttl) or first_token_blocking(rules.tokens, min_ttl)
@@ -137,7 +137,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         if "Authorization" in request.headers:
             yield request  # the caller's own: neither replaced nor re-sent
             return
-        rules = self._rules
+        rules = self._rules_for(request.url)
         replayable = _start(rules, request)
         min_ttl = 0.0 if replayable else rules.refresh_margin
         token = rules.tokens.fresh(min_ttl) or await _first_token(rules, min_ttl)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Literal, Protocol, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 from urllib.parse import quote_plus
 
 from tenacity import (
@@ -229,6 +229,30 @@ def _optional_str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def checked_token_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``token_params`` as the token request sends them: each value a ``str``, or a list
+    (or tuple) of ``str`` for a field sent once per value (RFC 8707's ``resource``).
+
+    Anything else is refused rather than turned into text: ``True`` and ``1`` would go
+    as ``"True"`` and ``"1"``, a set in no fixed order, a dict as its keys.
+
+    Raises:
+        ConfigurationError: a name or value of another type.
+    """
+    checked: dict[str, Any] = {}
+    for name, value in (params or {}).items():
+        if not isinstance(name, str):
+            raise ConfigurationError(f"token_params names must be str, not {name!r}")
+        values = value if isinstance(value, list | tuple) else [value]
+        if not all(isinstance(each, str) for each in values):
+            raise ConfigurationError(
+                f"token_params[{name!r}] must be a str, or a list of str for a field sent "
+                f"once per value; got {type(value).__name__}"
+            )
+        checked[name] = list(value) if isinstance(value, list | tuple) else value
+    return checked
+
+
 class ClientCredentialsGrant:
     """Fetches tokens with the client-credentials grant: a :class:`TokenFetcher`.
 
@@ -259,6 +283,7 @@ class ClientCredentialsGrant:
             raise ConfigurationError(
                 "token_auth_method must be 'client_secret_post' or 'client_secret_basic'"
             )
+        extra_params = checked_token_params(extra_params)
         reserved = {"grant_type", "client_id", "client_secret", "scope"} & set(extra_params)
         if reserved:
             raise ConfigurationError(

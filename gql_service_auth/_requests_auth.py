@@ -28,6 +28,7 @@ from ._gql import first_token_blocking
 from ._http_auth import (
     NOT_REFUSED,
     InsecureOrigins,
+    OAuth2Rules,
     answer_of,
     facts_of,
     reads_body,
@@ -72,7 +73,7 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
     def __call__(self, r: PreparedRequest) -> PreparedRequest:
         if "Authorization" in r.headers:
             return r  # the caller's own: neither replaced nor re-sent
-        rules = self._rules
+        rules = self._rules_for(r.url)
         _check_origin(rules.origins, r.url)
         replayable = _replayable(r)
         # A body sent once asks for a token that will outlive its send.
@@ -80,11 +81,12 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         token = rules.tokens.fresh(min_ttl) or first_token_blocking(rules.tokens, min_ttl)
         r.headers["Authorization"] = token.authorization
         tell_sent(token)
-        r.register_hook("response", partial(self._answered, token, replayable, min_ttl))
+        r.register_hook("response", partial(self._answered, rules, token, replayable, min_ttl))
         return r
 
     def _answered(
         self,
+        rules: OAuth2Rules,
         token: AccessToken,
         replayable: bool,
         min_ttl: float,
@@ -100,7 +102,6 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         if not _reads(r, stream):
             return None
         answer = _answer(r)
-        rules = self._rules
         if answer is None:
             rules.tokens.confirm(token)
             return None

@@ -24,8 +24,14 @@ from ._constants import (
 from ._credentials import ClientCredentials
 from ._errors import ConfigurationError
 from ._events import Emitter, Subscribers
-from ._oauth2 import ClientAuthMethod, ClientCredentialsGrant, FormPoster, RetryPolicy
-from ._sharing import SHARED, Same, SharingKey, api_origin
+from ._oauth2 import (
+    ClientAuthMethod,
+    ClientCredentialsGrant,
+    FormPoster,
+    RetryPolicy,
+    checked_token_params,
+)
+from ._sharing import SHARED, Same, SharingKey, api_endpoint
 from ._store import TokenIdentity, TokenStore
 from ._token import Clock
 from ._token_source import ENDPOINT, SharedLevel, TokenSource
@@ -104,10 +110,10 @@ def token_manager(
     """The token manager of one transport: the grant, and the shared store under it.
 
     With ``share``, the process's manager for the same token requests to the API at
-    ``api_url``'s origin (``None`` for an auth object, which signs requests to any URL), if
-    it has one (see ``_sharing.py``); ``emit`` hears its events either way.
+    ``api_url`` (see :func:`~._sharing.api_endpoint`), if it has one (see
+    ``_sharing.py``); ``emit`` hears its events either way.
     """
-    params = dict(token_params or {})
+    params = checked_token_params(token_params)
     identity = TokenIdentity.of(
         token_url=str(token_url),
         client_id=credentials.client_id,
@@ -161,7 +167,7 @@ def token_manager(
     if share:
         sharing_key = getattr(post, "sharing_key", None)
         key = SharingKey(
-            api_origin(api_url),
+            api_endpoint(api_url),
             identity,
             sharing_key(token_url) if callable(sharing_key) else Same(post),
             policy,

@@ -76,8 +76,9 @@ class SharingKey:
     """What makes the token requests of two transports the same; never shown.
 
     Attributes:
-        api: The origin of the API the tokens are sent to (``None`` for auth objects):
-            what one API refuses must not drop or pause the tokens of another.
+        api: The API the tokens are sent to (:func:`api_endpoint`; an auth object's is
+            that of each request): what one API refuses must not drop or pause the
+            tokens of another.
         identity: The credentials and token parameters.
         destination: Where the request goes and how (the poster's ``sharing_key``).
         policy: The token endpoint's retries, and the pauses of renewals.
@@ -100,12 +101,15 @@ class SharingKey:
         return f"<SharingKey {self.identity!r}>"
 
 
-def api_origin(url: str | URL | None) -> str | None:
-    """``scheme://host:port`` of the API at ``url``: what sharing tells APIs apart by."""
+def api_endpoint(url: str | URL | None) -> str | None:
+    """The API at ``url``, as sharing tells APIs apart: scheme, host, port and path, with no
+    user, query or fragment. The path counts: one gateway may front several APIs."""
     if url is None:
         return None
-    parsed = URL(url)
-    return str(parsed.origin()) if parsed.is_absolute() else str(parsed)
+    parsed = URL(str(url))
+    if not parsed.is_absolute():
+        return str(parsed.with_query(None).with_fragment(None))
+    return f"{parsed.origin()}{parsed.raw_path}"
 
 
 class SharedTokens:

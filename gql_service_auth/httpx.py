@@ -39,7 +39,7 @@ from graphql import ExecutionResult
 from yarl import URL
 
 from ._aiohttp_token_session import TokenSessionArgs
-from ._auth_objects import oauth2_rules
+from ._auth_objects import oauth2_settings
 from ._config import check_url
 from ._constants import (
     DEFAULT_EXPIRES_IN,
@@ -171,7 +171,7 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
         if proxy is not None:
             inherited["proxy"] = proxy
         verify: bool | str | SSLContext = kwargs.get("verify", True)
-        rules = oauth2_rules(
+        rules = oauth2_settings(
             token_url,
             client_id,
             client_secret,
@@ -192,8 +192,7 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
             share_tokens=share_tokens,
             inherited=inherited,
             inherited_from="the client's proxy and trust_env",
-            api_url=url,
-        )
+        ).rules(url)
         kwargs["auth"] = OAuth2Auth._of(token_url, rules)
         super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]
         self.token_url = token_url

@@ -36,7 +36,7 @@ from graphql import ExecutionResult
 from yarl import URL
 
 from ._aiohttp_token_session import TokenSessionArgs
-from ._auth_objects import oauth2_rules
+from ._auth_objects import oauth2_settings
 from ._config import check_url
 from ._constants import (
     DEFAULT_EXPIRES_IN,
@@ -259,7 +259,7 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         proxy = _proxy_for(token_url, kwargs.get("proxies"))
         if proxy:
             inherited["proxy"] = proxy
-        rules = oauth2_rules(
+        rules = oauth2_settings(
             token_url,
             client_id,
             client_secret,
@@ -280,8 +280,7 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
             share_tokens=share_tokens,
             inherited=inherited,
             inherited_from="proxies",
-            api_url=url,
-        )
+        ).rules(url)
         signer = OAuth2Auth._of(token_url, rules)
         super().__init__(
             url, headers, cookies, signer, use_json, timeout, verify, retries, method,

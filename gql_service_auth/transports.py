@@ -275,7 +275,8 @@ class OAuth2Transport(AuthenticatingTransport):
             renewals while fresh tokens keep being refused; ``None`` means
             ``RetryPolicy()``.
         on_event: Called with each :class:`~gql_service_auth.AuthEvent` (token fetched,
-            retry scheduled...), e.g. to count renewals.
+            retry scheduled...), e.g. to count renewals; before the token is handed to
+            the transports sharing it, so keep it quick.
         clock: Monotonic clock in seconds, for token lifetimes, renewal backoff and pauses;
             ``time.monotonic`` when ``None``.
         allow_insecure_http: Allow plain ``http://`` URLs to hosts that are not loopback,

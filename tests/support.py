@@ -718,3 +718,54 @@ async def token_of_its_own(emulator: Emulator) -> str:
     await query(peer)
     assert peer.token is not None
     return peer.token.value
+
+
+@contextlib.contextmanager
+def running_gateway(routes: Mapping[str, str]) -> Iterator[str]:
+    """A gateway on 127.0.0.1 that forwards each path of ``routes`` to its URL (several
+    APIs behind one origin); its base URL. Stopped, whatever happens."""
+    from aiohttp import ClientSession, web
+
+    async def forward(request: web.Request) -> web.Response:
+        target = routes.get(request.path)
+        if target is None:
+            return web.Response(status=404)
+        headers = {
+            name: value
+            for name, value in request.headers.items()
+            if name.lower() in ("authorization", "content-type", "accept")
+        }
+        async with (
+            ClientSession() as session,
+            session.post(target, data=await request.read(), headers=headers) as answer,
+        ):
+            body = await answer.read()
+            return web.Response(status=answer.status, body=body, content_type=answer.content_type)
+
+    started: list[Any] = []  # its port, and how to stop it
+    ready = threading.Event()
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_route("POST", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            done, loop = asyncio.Event(), asyncio.get_running_loop()
+            started.extend([runner.addresses[0][1], lambda: loop.call_soon_threadsafe(done.set)])
+            ready.set()
+            await done.wait()
+        finally:
+            await runner.cleanup()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(10), "the gateway did not start"
+        yield f"http://127.0.0.1:{started[0]}"
+    finally:
+        if len(started) == 2:
+            started[1]()
+        thread.join(10)

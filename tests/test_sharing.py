@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import requests
 from gql import Client
 from support import (
     COUNT,
@@ -24,22 +25,32 @@ from support import (
     collect_garbage,
     in_child,
     poll,
+    running_gateway,
     running_proxy,
     set_http_proxy,
     via_proxy,
 )
 
-from gql_service_auth import AuthEvent, OAuth2Transport, TokenRequestError, UnauthenticatedError
+from gql_service_auth import (
+    AuthEvent,
+    ConfigurationError,
+    OAuth2Transport,
+    RetryPolicy,
+    TokenRequestError,
+    UnauthenticatedError,
+)
 from gql_service_auth._sharing import SHARED
 from gql_service_auth.emulator import Emulator, ManualClock
 from gql_service_auth.httpx import OAuth2Auth as OAuth2HTTPXAuth
 from gql_service_auth.httpx import OAuth2HTTPXAsyncTransport, OAuth2HTTPXTransport
+from gql_service_auth.requests import OAuth2Auth as OAuth2RequestsAuth
 from gql_service_auth.requests import OAuth2RequestsTransport
 
 
 def _per_call(environ: dict[str, str], **kwargs: Any) -> object:
     """What a helper that makes a client per query does: gql's blocking execute."""
-    outcome = blocking_execute(OAuth2Transport.from_env(environ, retry=NO_WAIT, **kwargs))
+    kwargs.setdefault("retry", NO_WAIT)
+    outcome = blocking_execute(OAuth2Transport.from_env(environ, **kwargs))
     if isinstance(outcome, Exception):
         raise outcome
     return outcome
@@ -81,7 +92,7 @@ def test_a_transport_per_thread_costs_one_token_request(live_emulator: Emulator)
 
 async def test_every_stack_side_by_side_costs_one_token_request(live_emulator: Emulator) -> None:
     """aiohttp, requests and httpx (sync and async) transports of the same credentials and
-    API share one token; auth objects, which sign requests to any URL, share theirs."""
+    API share one token, and so do auth objects signing requests to that API."""
     environ = live_emulator.environ()
     async with Client(transport=OAuth2Transport.from_env(environ)) as session:
         await session.execute(COUNT)
@@ -96,7 +107,7 @@ async def test_every_stack_side_by_side_costs_one_token_request(live_emulator: E
         async with httpx.AsyncClient(auth=OAuth2HTTPXAuth.from_env(environ)) as plain:
             answer = await plain.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
         assert answer.status_code == 200
-    assert live_emulator.counters.token_requests == 2
+    assert live_emulator.counters.token_requests == 1
     assert live_emulator.counters.graphql_requests == 6
 
 
@@ -133,17 +144,72 @@ def test_transports_whose_token_requests_differ_get_their_own(
     assert live_emulator.counters.token_requests == 2
 
 
-def test_one_api_refusing_the_tokens_fails_no_call_to_another(live_emulator: Emulator) -> None:
-    """Two APIs behind one authorization server: tokens are shared per API, so one that
-    refuses them (another environment's) neither drops nor pauses the other's token."""
+@pytest.mark.parametrize("placed", ["on another origin", "behind one gateway"])
+def test_one_api_refusing_the_tokens_fails_no_call_to_another(
+    live_emulator: Emulator, placed: str
+) -> None:
+    """Two APIs behind one authorization server: tokens are shared per API (its path
+    included), so one that refuses them (another environment's) neither drops nor pauses
+    the other's token."""
     environ = live_emulator.environ()
-    with Emulator().run_in_thread() as other_api:
-        elsewhere = {**environ, "SERVICE_BASE_URL": other_api.base_url}
-        for _ in range(3):
-            _per_call(environ)
-            with pytest.raises(UnauthenticatedError):
-                _per_call(elsewhere)
+    with (
+        Emulator().run_in_thread() as other_api,
+        running_gateway(
+            {"/a/graphql": live_emulator.graphql_url, "/b/graphql": other_api.graphql_url}
+        ) as gateway,
+    ):
+        here, elsewhere = live_emulator.graphql_url, other_api.graphql_url
+        if placed == "behind one gateway":
+            here, elsewhere = f"{gateway}/a/graphql", f"{gateway}/b/graphql"
+        pausing = RetryPolicy()  # fresh tokens refused 3 times in a row: renewals pause
+        for api in "abbbaab":
+            if api == "a":
+                _per_call(environ, url=here, retry=pausing)
+            else:
+                with pytest.raises(UnauthenticatedError):
+                    _per_call(environ, url=elsewhere, retry=pausing)
     assert live_emulator.counters.graphql_requests == 3
+
+
+def test_an_auth_object_keeps_each_apis_token_apart(live_emulator: Emulator) -> None:
+    """One plain requests auth, two APIs behind one gateway, one refusing every token:
+    the other's requests all succeed, with the token it shares with transports."""
+    environ = live_emulator.environ()
+    auth = OAuth2RequestsAuth.from_env(environ, retry=NO_WAIT)
+    with (
+        Emulator().run_in_thread() as other_api,
+        running_gateway(
+            {"/a/graphql": live_emulator.graphql_url, "/b/graphql": other_api.graphql_url}
+        ) as gateway,
+        requests.Session() as session,
+    ):
+        session.auth = auth
+        statuses = {"a": [], "b": []}
+        for _ in range(3):
+            for api in "ab":
+                answer = session.post(f"{gateway}/{api}/graphql", json={"query": "{ __typename }"})
+                refused = "UNAUTHENTICATED" in answer.text
+                statuses[api].append((answer.status_code, refused))
+        assert auth.token is None  # API b's, the last it signed for: refused, dropped
+        session.post(f"{gateway}/a/graphql", json={"query": "{ __typename }"})
+        assert auth.token is not None  # API a's
+        _per_call(environ, url=f"{gateway}/a/graphql")
+    assert statuses["a"] == [(200, False)] * 3
+    assert all(refused for _, refused in statuses["b"])
+    assert live_emulator.counters.graphql_requests == 5
+    # API a's token, once; API b's, one after each of its refusals.
+    refusals = other_api.counters.unauthenticated_responses
+    assert live_emulator.counters.token_requests == 1 + refusals
+
+
+def test_token_parameters_that_are_no_text_are_refused(live_emulator: Emulator) -> None:
+    """True and 1 would be sent as "True" and "1", a set in no order: refused, by name."""
+    environ = live_emulator.environ()
+    for value in (True, 1, {"x"}, {"x": "y"}, ["ok", 2]):
+        with pytest.raises(ConfigurationError, match=r"token_params\['flag'\] must be a str"):
+            OAuth2Transport.from_env(environ, token_params={"flag": value})
+        with pytest.raises(ConfigurationError, match=r"token_params\['flag'\] must be a str"):
+            OAuth2RequestsAuth.from_env(environ, token_params={"flag": value})
 
 
 def test_a_clock_given_as_a_bound_method_still_shares(live_emulator: Emulator) -> None:
@@ -204,6 +270,47 @@ def test_a_token_request_that_goes_elsewhere_is_not_shared(
         _per_call(environ, token_proxy=proxy.url)
         _per_call(environ, token_proxy=proxy.url)
     assert via_proxy(live_emulator, "/oauth2/token") == [False, True]
+
+
+def _netrc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str) -> None:
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine {host} login netrc-user password netrc-password\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+
+
+def test_a_netrc_entry_for_the_token_host_is_part_of_what_is_shared(
+    live_emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With trust_env, aiohttp sends the .netrc entry for the token host, a proxy given or
+    not: a requests transport (trust_env on) does not take the token of an aiohttp one
+    (off) through the same proxy; its own request carries the entry, which the server
+    refuses beside the form's secret."""
+    environ = live_emulator.environ()
+    _netrc(tmp_path, monkeypatch, "127.0.0.1")
+    with running_proxy(tmp_path / "proxy") as proxy:
+        _per_call(environ, token_proxy=proxy.url)
+        transport = OAuth2RequestsTransport.from_env(
+            environ, retry=NO_WAIT, proxies={"http": proxy.url}
+        )
+        with (
+            pytest.raises(TokenRequestError, match="invalid_request"),
+            Client(transport=transport) as session,
+        ):
+            session.execute(COUNT)
+    assert live_emulator.counters.token_requests == 2
+
+
+def test_a_netrc_for_other_hosts_does_not_stop_sharing(
+    live_emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A .netrc with no entry for the token host changes nothing aiohttp sends there."""
+    environ = live_emulator.environ()
+    _netrc(tmp_path, monkeypatch, "elsewhere.example")
+    _per_call(environ)
+    with Client(transport=OAuth2RequestsTransport.from_env(environ, retry=NO_WAIT)) as session:
+        session.execute(COUNT)
+    assert live_emulator.counters.token_requests == 1
 
 
 def test_every_transport_sharing_a_token_hears_its_events_once(
