@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest gql-suite demo examples soak bench matrix sdist-check clean
+.PHONY: install test lint typecheck pytest gql-suite demo examples soak bench docs matrix sdist-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,18 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 # About two minutes; prints figures, never fails on a timing.
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench.py
+
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,docs]'
+	touch $(DOCS_STAMP)
+
+# The site, into docs/_build/html: every warning is an error, and every public name must
+# be in the reference. Open docs/_build/html/index.html.
+docs: $(DOCS_STAMP)
+	$(BIN)/sphinx-build -E -q -W --keep-going -b html docs docs/_build/html
+	$(BIN)/python docs/check_reference.py docs/_build/html
 
 # The suite on every other Python 3.10-3.13 the machine has (absent ones are skipped), by
 # nox; make test runs it on the default one.

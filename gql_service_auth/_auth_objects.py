@@ -283,15 +283,19 @@ class OAuth2AuthBase:
     comes back as the service answered it. A request that already carries an
     ``Authorization`` header is the caller's own: it is left alone, and never re-sent.
 
+    Each API it signs requests to (the URL's scheme, host, port and path) has a token of
+    its own, shared with the transports for that API, so one API's refusals never drop or
+    pause another's token. The other keywords (``scope``, ``token_params``,
+    ``token_auth_method``, ``refresh_margin``, ``default_expires_in``, ``max_renewals``,
+    ``retry``, ``on_event``, ``clock``, ``token_session_args``, ``token_proxy``,
+    ``token_store``, ``share_tokens``) are :class:`~gql_service_auth.OAuth2Transport`'s.
+    The token request goes through aiohttp; with ``token_session_args=None`` it takes
+    proxies from the environment (``trust_env``), as requests and httpx do.
+
     Args:
         token_url: The token endpoint, ``{auth_url}/oauth2/token``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
-        scope, token_params, token_auth_method, refresh_margin, default_expires_in,
-            max_renewals, retry, on_event, clock, token_session_args, token_proxy,
-            token_store, share_tokens: As :class:`~gql_service_auth.OAuth2Transport`'s. The token
-            request goes through aiohttp; with ``token_session_args=None`` it takes
-            proxies from the environment (``trust_env``), as requests and httpx do.
         allow_insecure_http: Allow plain ``http://`` to hosts that are not loopback.
         verify: How the token endpoint's certificate is verified: ``True``, ``False``,
             a CA bundle's path or an ``ssl.SSLContext``.

@@ -206,10 +206,12 @@ _API_KEY_DOC = """A gql ``{base}`` that authenticates with the service's API key
     through an :class:`ApiKeyAuth` set as the client's ``auth``. Credentials registered
     before 2024-05-13 cannot be used this way: use :class:`{oauth2}` for them.
 
+    After ``url`` come gql's ``{base}`` arguments (``json_serialize``,
+    ``json_deserialize``, and keywords for the httpx client, except ``auth``, which must
+    not be given).
+
     Args:
         url: The GraphQL endpoint, ``{{base_url}}/graphql``.
-        json_serialize, json_deserialize, **kwargs: gql's ``{base}`` arguments; the
-            keywords go to the httpx client, except ``auth``, which must not be given.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
         allow_insecure_http: Allow a plain ``http://`` URL to a host that is not loopback.
@@ -230,18 +232,21 @@ _OAUTH2_DOC = """A gql ``{base}`` that authenticates with OAuth 2.0 client crede
     a file that cannot seek asks for a token valid ``refresh_margin`` seconds more, and is
     never re-sent.
 
+    After ``url`` come gql's ``{base}`` arguments (``json_serialize``,
+    ``json_deserialize``, and keywords for the httpx client, except ``auth``, which must
+    not be given); ``verify`` applies to the token endpoint too.
+
+    The keywords of the token and its renewal (``token_url``, ``client_id``,
+    ``client_secret``, ``scope``, ``token_params``, ``token_auth_method``,
+    ``refresh_margin``, ``default_expires_in``, ``max_renewals``, ``retry``, ``on_event``,
+    ``clock``, ``allow_insecure_http``, ``token_session_args``, ``token_proxy``,
+    ``token_store``, ``share_tokens``) are :class:`~gql_service_auth.OAuth2Transport`'s.
+    The token request is made with aiohttp on a thread of its own; with
+    ``token_session_args=None`` it follows the client's ``proxy`` (a URL) and
+    ``trust_env`` (``True`` unless given), as httpx does.
+
     Args:
         url: The GraphQL endpoint, ``{{base_url}}/graphql``.
-        json_serialize, json_deserialize, **kwargs: gql's ``{base}`` arguments; the
-            keywords go to the httpx client, except ``auth``, which must not be given.
-            ``verify`` applies to the token endpoint too.
-        token_url, client_id, client_secret, scope, token_params, token_auth_method,
-            refresh_margin, default_expires_in, max_renewals, retry, on_event, clock,
-            allow_insecure_http, token_session_args, token_proxy, token_store,
-            share_tokens: As :class:`~gql_service_auth.OAuth2Transport`'s. The token
-            request is made with aiohttp on a thread of its own; with
-            ``token_session_args=None`` it follows the client's ``proxy`` (a URL) and
-            ``trust_env`` (``True`` unless given), as httpx does.
 
     Raises:
         ConfigurationError: a bad argument; the message says which.

@@ -99,13 +99,15 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
     through an :class:`ApiKeyAuth`. Credentials registered before 2024-05-13 cannot be
     used this way: use :class:`OAuth2RequestsTransport` for them.
 
+    After ``url`` come gql's ``RequestsHTTPTransport`` arguments, in gql's order
+    (``headers``, ``cookies``, ``auth``, ``use_json``, ``timeout``, ``verify``, ``retries``,
+    ``method``, ``retry_backoff_factor``, ``retry_status_forcelist``, ``json_serialize``,
+    ``json_deserialize``, and its other keywords); ``auth`` must stay ``None``.
+    ``retries`` makes urllib3 send a request again on 429 and 5xx answers, mutations
+    included: that is gql's.
+
     Args:
         url: The GraphQL endpoint, ``{base_url}/graphql``.
-        headers, cookies, auth, use_json, timeout, verify, retries, method,
-            retry_backoff_factor, retry_status_forcelist, json_serialize,
-            json_deserialize, **kwargs: gql's ``RequestsHTTPTransport`` arguments, in
-            gql's order; ``auth`` must stay ``None``. ``retries`` makes urllib3 send a
-            request again on 429 and 5xx answers, mutations included: that is gql's.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
         allow_insecure_http: Allow a plain ``http://`` URL to a host that is not loopback.
@@ -197,22 +199,24 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
     ``MultipartEncoder``) cannot be sent twice: an upload asks for a token valid at
     least ``refresh_margin`` seconds, and is never re-sent.
 
+    After ``url`` come gql's ``RequestsHTTPTransport`` arguments, in gql's order
+    (``headers``, ``cookies``, ``auth``, ``use_json``, ``timeout``, ``verify``, ``retries``,
+    ``method``, ``retry_backoff_factor``, ``retry_status_forcelist``, ``json_serialize``,
+    ``json_deserialize``, and its other keywords); ``auth`` must stay ``None``. ``verify``
+    applies to the token endpoint too. ``retries`` makes urllib3 send a request again on
+    429 and 5xx answers, mutations included: that is gql's, below any auth.
+
+    The keywords of the token and its renewal (``token_url``, ``client_id``,
+    ``client_secret``, ``scope``, ``token_params``, ``token_auth_method``,
+    ``refresh_margin``, ``default_expires_in``, ``max_renewals``, ``retry``, ``on_event``,
+    ``clock``, ``allow_insecure_http``, ``token_session_args``, ``token_proxy``,
+    ``token_store``, ``share_tokens``) are :class:`~gql_service_auth.OAuth2Transport`'s.
+    The token request is made with aiohttp on a thread of its own; with
+    ``token_session_args=None`` it takes proxies from the environment, as requests does,
+    and the proxy of ``proxies=`` (a keyword requests takes) for the token URL's scheme.
+
     Args:
         url: The GraphQL endpoint, ``{base_url}/graphql``.
-        headers, cookies, auth, use_json, timeout, verify, retries, method,
-            retry_backoff_factor, retry_status_forcelist, json_serialize,
-            json_deserialize, **kwargs: gql's ``RequestsHTTPTransport`` arguments, in
-            gql's order; ``auth`` must stay ``None``. ``verify`` applies to the token
-            endpoint too. ``retries`` makes urllib3 send a request again on 429 and 5xx
-            answers, mutations included: that is gql's, below any auth.
-        token_url, client_id, client_secret, scope, token_params, token_auth_method,
-            refresh_margin, default_expires_in, max_renewals, retry, on_event, clock,
-            allow_insecure_http, token_session_args, token_proxy, token_store,
-            share_tokens: As :class:`~gql_service_auth.OAuth2Transport`'s. The token
-            request is made with aiohttp on a thread of its own; with
-            ``token_session_args=None`` it takes proxies from the environment, as
-            requests does, and the proxy of ``proxies=`` (a keyword requests takes) for
-            the token URL's scheme.
 
     Raises:
         ConfigurationError: a bad argument; the message says which.

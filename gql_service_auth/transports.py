@@ -86,11 +86,12 @@ class ApiKeyTransport(AuthenticatingTransport):
     no token is ever requested. Credentials registered before 2024-05-13 cannot be used
     this way: use :class:`OAuth2Transport` for them.
 
+    After ``url`` come gql's ``AIOHTTPTransport`` arguments, in gql's order (``headers``,
+    ``cookies``, ``auth``, ``ssl``, ``timeout``, ``ssl_close_timeout``, ``json_serialize``,
+    ``json_deserialize``, ``client_session_args``); ``auth`` must stay ``None``.
+
     Args:
         url: The GraphQL endpoint, ``{base_url}/graphql``: a str or a ``yarl.URL``.
-        headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
-            json_deserialize, client_session_args: gql's ``AIOHTTPTransport`` arguments,
-            in gql's order; ``auth`` must stay ``None``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
         allow_insecure_http: Allow a plain ``http://`` URL to a host that is not loopback.
@@ -250,13 +251,14 @@ class OAuth2Transport(AuthenticatingTransport):
     ``UNAUTHENTICATED`` (or HTTP 401 without a body) to a request that ran nothing, the
     token is renewed and the request sent again, up to ``max_renewals`` times.
 
+    After ``url`` come gql's ``AIOHTTPTransport`` arguments, in gql's order (``headers``,
+    ``cookies``, ``auth``, ``ssl``, ``timeout``, ``ssl_close_timeout``, ``json_serialize``,
+    ``json_deserialize``, ``client_session_args``); ``auth`` must stay ``None``. ``ssl``
+    also applies to the token endpoint; ``headers`` and ``cookies`` do not, nor does
+    ``client_session_args`` beyond what ``token_session_args`` says.
+
     Args:
         url: The GraphQL endpoint, ``{base_url}/graphql``: a str or a ``yarl.URL``.
-        headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
-            json_deserialize, client_session_args: gql's ``AIOHTTPTransport`` arguments,
-            in gql's order; ``auth`` must stay ``None``. ``ssl`` also applies to the
-            token endpoint; ``headers`` and ``cookies`` do not, nor does
-            ``client_session_args`` beyond what ``token_session_args`` says.
         token_url: The token endpoint, ``{auth_url}/oauth2/token``: a str or a ``yarl.URL``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.

@@ -1,4 +1,5 @@
-"""The README runs as written: every Python block, against the emulator; every link resolves.
+"""The README and the documentation pages run as written: every Python block, against the
+emulator; every link of the README resolves.
 
 A block is a complete program, run with ``python -W error``, unless the HTML comment
 ``<!-- readme: pytest -->`` on the line above marks it as a test file, run with pytest and
@@ -21,6 +22,8 @@ from gql_service_auth.emulator import Emulator
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("**/*.md"))]
+PAGES = [page for page in PAGES if "_build" not in page.parts]
 PLACEHOLDERS = ("https://api.example.com", "https://auth.example.com")
 BLOCK = re.compile(
     r"(?:^<!-- readme: (?P<kind>\w+) -->\n)?^```python\n(?P<code>.*?)^```$", re.M | re.S
@@ -30,31 +33,40 @@ LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
 @dataclass(frozen=True)
 class Block:
+    page: str
     line: int
     kind: str
     code: str
 
 
-def _blocks() -> list[Block]:
-    text = README.read_text(encoding="utf-8")
+def _blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    name = page.relative_to(ROOT).as_posix()
     return [
-        Block(text.count("\n", 0, match.start("code")), match["kind"] or "program", match["code"])
+        Block(
+            name,
+            text.count("\n", 0, match.start("code")),
+            match["kind"] or "program",
+            match["code"],
+        )
         for match in BLOCK.finditer(text)
     ]
 
 
-BLOCKS = _blocks()
+BLOCKS = [block for page in PAGES for block in _blocks(page)]
 
 
 def test_the_readme_has_blocks_of_each_kind() -> None:
     """The collector finds the blocks, so the tests below cannot pass by running nothing."""
-    kinds = [block.kind for block in BLOCKS]
+    kinds = [block.kind for block in BLOCKS if block.page == "README.md"]
     assert kinds.count("program") >= 6
     assert kinds.count("pytest") >= 2
     assert set(kinds) == {"program", "pytest"}, "an unknown <!-- readme: ... --> marker"
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: f"line{block.line}-{block.kind}")
+@pytest.mark.parametrize(
+    "block", BLOCKS, ids=lambda block: f"{block.page}:line{block.line}-{block.kind}"
+)
 def test_block_runs_against_the_emulator(
     block: Block, live_emulator: Emulator, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -122,9 +134,10 @@ def _escapes(text: str) -> list[str]:
     return escapes
 
 
-def test_no_python_block_escapes_the_collector() -> None:
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_no_python_block_escapes_the_collector(page: Path) -> None:
     """A ```py fence, an indented one, a marker typo: each would pass by running nothing."""
-    assert _escapes(README.read_text(encoding="utf-8")) == []
+    assert _escapes(page.read_text(encoding="utf-8")) == []
 
 
 @pytest.mark.parametrize(
