@@ -173,11 +173,12 @@ class OAuth2Settings:
 
 
 class _PerApi:
-    """A standalone auth object's rules for each API it signs requests to.
+    """A standalone auth object's rules for each API (origin) it signs requests to.
 
-    Its token is shared as a transport's for that API would be (see ``_sharing.py``), so
-    what one API refuses never drops or pauses the token of another. The latest
-    :data:`_APIS_KEPT` APIs are kept; a copy or an unpickled one starts with none.
+    Each origin's token is shared with the auth objects of the same settings for that
+    origin (see ``_sharing.py``), so what one API refuses never drops or pauses the token
+    of another. The latest :data:`_APIS_KEPT` origins are kept (the process keeps more,
+    see ``_sharing.py``); a copy or an unpickled one starts with none.
     """
 
     def __init__(self, settings: OAuth2Settings) -> None:
@@ -201,7 +202,14 @@ class _PerApi:
         self._setup()
 
     def rules(self, url: object) -> OAuth2Rules:
-        api = api_endpoint(str(url))
+        """The rules of a request to ``url``, once its origin is one credentials may go to.
+
+        Raises:
+            ConfigurationError: plain http to a host that is not loopback, not allowed.
+        """
+        parsed = URL(str(url))
+        self.settings.origins.check(parsed.scheme, parsed.host or "")
+        api = api_endpoint(parsed, path=False)
         with self._lock:
             rules = self._by_api.get(api)
             if rules is None:
@@ -217,7 +225,7 @@ class _PerApi:
 
 
 _APIS_KEPT = 16
-"""How many APIs a standalone auth object keeps rules for: one, in the common case."""
+"""How many origins a standalone auth object keeps rules for: one, in the common case."""
 
 
 class ApiKeyAuthBase:
@@ -283,12 +291,14 @@ class OAuth2AuthBase:
     comes back as the service answered it. A request that already carries an
     ``Authorization`` header is the caller's own: it is left alone, and never re-sent.
 
-    Each API it signs requests to (the URL's scheme, host, port and path) has a token of
-    its own, shared with the transports for that API, so one API's refusals never drop or
-    pause another's token. The other keywords (``scope``, ``token_params``,
-    ``token_auth_method``, ``refresh_margin``, ``default_expires_in``, ``max_renewals``,
-    ``retry``, ``on_event``, ``clock``, ``token_session_args``, ``token_proxy``,
-    ``token_store``, ``share_tokens``) are :class:`~gql_service_auth.OAuth2Transport`'s.
+    Each origin it signs requests to (the URL's scheme, host and port) has a token of its
+    own, shared with the other auth objects of the same settings for that origin, so one
+    API's refusals never drop or pause another's token.
+
+    The other keywords (``scope``, ``token_params``, ``token_auth_method``,
+    ``refresh_margin``, ``default_expires_in``, ``max_renewals``, ``retry``, ``on_event``,
+    ``clock``, ``token_session_args``, ``token_proxy``, ``token_store``, ``share_tokens``)
+    are :class:`~gql_service_auth.OAuth2Transport`'s.
     The token request goes through aiohttp; with ``token_session_args=None`` it takes
     proxies from the environment (``trust_env``), as requests and httpx do.
 
@@ -403,7 +413,7 @@ class OAuth2AuthBase:
     def token(self) -> AccessToken | None:
         """The cached access token (its ``repr`` hides the value), or ``None`` before the first.
 
-        Of the API this auth last signed a request to: each API has its own token.
+        Of the origin this auth last signed a request to: each has its own token.
         """
         rules = self._per_api.latest if self._per_api is not None else self._rules
         return rules.tokens.token if rules is not None else None

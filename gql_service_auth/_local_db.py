@@ -447,30 +447,35 @@ def _locked(directory: str, wait: float) -> Iterator[int]:
 
 _gated: weakref.WeakSet[Database] = weakref.WeakSet()
 _held: list[threading.Lock] = []
-_missed = False
+_missed: list[Database] = []  # whose call went on past FORK_WAIT
 _forked_mid_call = False
 
 
 def _before_fork() -> None:
-    global _missed
+    if _forked_mid_call:
+        return  # this process uses no SQLite: nothing to wait for
     deadline = time.monotonic() + FORK_WAIT
     for database in list(_gated):
         if database.gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
             _held.append(database.gate)
         else:
-            _missed = True
+            _missed.append(database)
 
 
 def _after_fork_in_parent() -> None:
-    global _missed
     while _held:
         _held.pop().release()
-    _missed = False
+    _missed.clear()
 
 
 def _after_fork_in_child() -> None:
     global _forked_mid_call
-    _forked_mid_call = _forked_mid_call or _missed
+    if _missed:
+        _forked_mid_call = True
+        for database in _missed:
+            # Held by a thread the child does not have: a lock of its own, or every
+            # later fork here would wait for it.
+            database.gate = threading.Lock()
     _after_fork_in_parent()
 
 

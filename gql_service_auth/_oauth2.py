@@ -234,7 +234,8 @@ def checked_token_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
     (or tuple) of ``str`` for a field sent once per value (RFC 8707's ``resource``).
 
     Anything else is refused rather than turned into text: ``True`` and ``1`` would go
-    as ``"True"`` and ``"1"``, a set in no fixed order, a dict as its keys.
+    as ``"True"`` and ``"1"``, a set in no fixed order, a dict as its keys. An empty list
+    is dropped, as it sends nothing.
 
     Raises:
         ConfigurationError: a name or value of another type.
@@ -249,7 +250,11 @@ def checked_token_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
                 f"token_params[{name!r}] must be a str, or a list of str for a field sent "
                 f"once per value; got {type(value).__name__}"
             )
-        checked[name] = list(value) if isinstance(value, list | tuple) else value
+        if isinstance(value, list | tuple):
+            if value:  # an empty list sends nothing, as no field does
+                checked[name] = [str.__str__(each) for each in value]
+        else:
+            checked[name] = str.__str__(value)  # a str subclass compares as what is sent
     return checked
 
 

@@ -76,8 +76,8 @@ class SharingKey:
     """What makes the token requests of two transports the same; never shown.
 
     Attributes:
-        api: The API the tokens are sent to (:func:`api_endpoint`; an auth object's is
-            that of each request): what one API refuses must not drop or pause the
+        api: The API the tokens are sent to (:func:`api_endpoint`; for an auth object,
+            the origin of each request): what one API refuses must not drop or pause the
             tokens of another.
         identity: The credentials and token parameters.
         destination: Where the request goes and how (the poster's ``sharing_key``).
@@ -101,15 +101,18 @@ class SharingKey:
         return f"<SharingKey {self.identity!r}>"
 
 
-def api_endpoint(url: str | URL | None) -> str | None:
-    """The API at ``url``, as sharing tells APIs apart: scheme, host, port and path, with no
-    user, query or fragment. The path counts: one gateway may front several APIs."""
+def api_endpoint(url: str | URL | None, *, path: bool = True) -> str | None:
+    """The API at ``url``, as sharing tells APIs apart: scheme, host, port and (for a
+    transport, whose URL is its API's) path, with no user, query or fragment. The path
+    counts where it can: one gateway may front several APIs. An auth object signs requests
+    to any path, so its APIs are told apart by origin alone (``path=False``): a token per
+    path would cost a token request per resource of a REST API."""
     if url is None:
         return None
     parsed = URL(str(url))
     if not parsed.is_absolute():
         return str(parsed.with_query(None).with_fragment(None))
-    return f"{parsed.origin()}{parsed.raw_path}"
+    return f"{parsed.origin()}{parsed.raw_path if path else ''}"
 
 
 class SharedTokens:

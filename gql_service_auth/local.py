@@ -117,7 +117,7 @@ def _directory_of(url: str) -> str:
         )
     parts = urlsplit(url)
     path = unquote(parts.path)
-    if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+    if parts.netloc.lower() not in ("", "localhost") or parts.query or parts.fragment:
         raise ConfigurationError(
             "a local token store URL names a directory of this host, with no host other "
             "than localhost, no query and no fragment: file:///var/lib/myapp/tokens"
@@ -132,7 +132,8 @@ def _directory_of(url: str) -> str:
             "a file:// URL does not expand ~: name the directory by its absolute path, as "
             "file:///home/me/.cache/myapp/tokens"
         )
-    return os.path.normpath(path)
+    # normpath keeps a leading "//" (POSIX leaves its meaning open): one "/" here.
+    return os.path.normpath("/" + path.lstrip("/"))
 
 
 class LocalTokenStore(StoreOnItsThread):

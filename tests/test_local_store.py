@@ -227,6 +227,8 @@ def test_from_env_takes_urls_of_one_directory_for_one_store(tmp_path: Path) -> N
             url.replace("file://", "file://localhost"),
             url.replace("/store", "//store"),
             url.replace("/store", "/./x/../store"),
+            url.replace("file://", "file:////"),
+            url.replace("file://", "file://LOCALHOST"),
         ):
             assert shared_store(spelling) is store, spelling
         assert store.location == url

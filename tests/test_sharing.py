@@ -92,7 +92,8 @@ def test_a_transport_per_thread_costs_one_token_request(live_emulator: Emulator)
 
 async def test_every_stack_side_by_side_costs_one_token_request(live_emulator: Emulator) -> None:
     """aiohttp, requests and httpx (sync and async) transports of the same credentials and
-    API share one token, and so do auth objects signing requests to that API."""
+    API share one token; auth objects, which sign requests to any path, share one per
+    origin among themselves."""
     environ = live_emulator.environ()
     async with Client(transport=OAuth2Transport.from_env(environ)) as session:
         await session.execute(COUNT)
@@ -107,7 +108,7 @@ async def test_every_stack_side_by_side_costs_one_token_request(live_emulator: E
         async with httpx.AsyncClient(auth=OAuth2HTTPXAuth.from_env(environ)) as plain:
             answer = await plain.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
         assert answer.status_code == 200
-    assert live_emulator.counters.token_requests == 1
+    assert live_emulator.counters.token_requests == 2
     assert live_emulator.counters.graphql_requests == 6
 
 
@@ -172,34 +173,66 @@ def test_one_api_refusing_the_tokens_fails_no_call_to_another(
 
 
 def test_an_auth_object_keeps_each_apis_token_apart(live_emulator: Emulator) -> None:
-    """One plain requests auth, two APIs behind one gateway, one refusing every token:
-    the other's requests all succeed, with the token it shares with transports."""
+    """One plain requests auth, two APIs (origins), one refusing every token: the other's
+    requests all succeed, on one token."""
     environ = live_emulator.environ()
     auth = OAuth2RequestsAuth.from_env(environ, retry=NO_WAIT)
-    with (
-        Emulator().run_in_thread() as other_api,
-        running_gateway(
-            {"/a/graphql": live_emulator.graphql_url, "/b/graphql": other_api.graphql_url}
-        ) as gateway,
-        requests.Session() as session,
-    ):
+    with Emulator().run_in_thread() as other_api, requests.Session() as session:
         session.auth = auth
-        statuses = {"a": [], "b": []}
+        statuses: dict[str, list[tuple[int, bool]]] = {"a": [], "b": []}
         for _ in range(3):
-            for api in "ab":
-                answer = session.post(f"{gateway}/{api}/graphql", json={"query": "{ __typename }"})
-                refused = "UNAUTHENTICATED" in answer.text
-                statuses[api].append((answer.status_code, refused))
+            for api, url in (("a", live_emulator.graphql_url), ("b", other_api.graphql_url)):
+                answer = session.post(url, json={"query": "{ __typename }"})
+                statuses[api].append((answer.status_code, "UNAUTHENTICATED" in answer.text))
         assert auth.token is None  # API b's, the last it signed for: refused, dropped
-        session.post(f"{gateway}/a/graphql", json={"query": "{ __typename }"})
+        session.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
         assert auth.token is not None  # API a's
-        _per_call(environ, url=f"{gateway}/a/graphql")
     assert statuses["a"] == [(200, False)] * 3
     assert all(refused for _, refused in statuses["b"])
-    assert live_emulator.counters.graphql_requests == 5
+    assert live_emulator.counters.graphql_requests == 4
     # API a's token, once; API b's, one after each of its refusals.
     refusals = other_api.counters.unauthenticated_responses
     assert live_emulator.counters.token_requests == 1 + refusals
+
+
+def test_an_auth_object_on_many_paths_of_one_host_costs_one_token(
+    live_emulator: Emulator,
+) -> None:
+    """Plain code that calls many resources of one host (REST) with one auth: one token."""
+    environ = live_emulator.environ()
+    with requests.Session() as session:
+        session.auth = OAuth2RequestsAuth.from_env(environ, retry=NO_WAIT)
+        for number in range(20):
+            session.post(f"{live_emulator.base_url}/items/{number}", json={})
+        session.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
+    assert live_emulator.counters.token_requests == 1
+    assert live_emulator.counters.graphql_requests == 1
+
+
+def test_requests_an_auth_object_refuses_to_sign_push_out_no_token(
+    live_emulator: Emulator,
+) -> None:
+    """Plain http to hosts that are not loopback, refused before the auth keeps anything:
+    however many, the token of the API it serves stays (its own, not shared here)."""
+    environ = live_emulator.environ()
+    auth = OAuth2RequestsAuth.from_env(environ, retry=NO_WAIT, share_tokens=False)
+    with requests.Session() as session:
+        session.auth = auth
+        session.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
+        for number in range(20):
+            with pytest.raises(ConfigurationError, match="refusing to send credentials"):
+                session.post(f"http://api{number}.example.com/graphql", json={})
+        session.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
+    assert live_emulator.counters.token_requests == 1
+    assert live_emulator.counters.graphql_requests == 2
+
+
+def test_an_empty_list_of_token_parameters_is_no_parameter(live_emulator: Emulator) -> None:
+    """{"resource": []} sends what {} sends: one token between them."""
+    environ = live_emulator.environ()
+    _per_call(environ, token_params={"resource": []})
+    _per_call(environ)
+    assert live_emulator.counters.token_requests == 1
 
 
 def test_token_parameters_that_are_no_text_are_refused(live_emulator: Emulator) -> None:
