@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from gql import Client, gql
-from gql.transport.exceptions import TransportError
+from gql.transport.exceptions import TransportError, TransportServerError
 
 from ._config import ends_with_path
 from ._constants import (
@@ -54,6 +54,10 @@ EXIT_UNREACHABLE: Final = 3
 EXIT_INTERRUPTED: Final = 130
 
 _CHECK_QUERY = "query ($first: Int) { carriers(first: $first) { edges { node { id name } } } }"
+
+_CHECK_TIMEOUT: Final = 10.0
+"""Seconds the check query may take by default, its token included (gql's
+``execute_timeout``)."""
 
 EXIT_CODES: Final = (
     "Exit codes: 0 ok, 1 credentials refused, 2 usage or configuration error, 3 service "
@@ -165,6 +169,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--first", type=int, default=5, metavar="N", help="carriers to show (default: 5)"
+    )
+    check.add_argument(
+        "--timeout",
+        type=float,
+        default=_CHECK_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long each query may take, its token included (default: {_CHECK_TIMEOUT:g})",
     )
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.add_argument(
@@ -303,6 +314,8 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
         raise _UsageError(f"no --auth-url: pass --auth-url or set {ENV_AUTH_URL}")
     if not 1 <= args.first <= 100:
         raise _UsageError("--first must be between 1 and 100")
+    if not 0 < args.timeout <= 600:
+        raise _UsageError("--timeout must be more than 0 and at most 600 seconds")
     report = _Report()
     if ends_with_path(settings[ENV_BASE_URL], GRAPHQL_PATH):
         report.notes.append(
@@ -312,7 +325,7 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
 
     if args.method in ("auto", "api-key"):
         api_key = ApiKeyTransport.from_env(settings, allow_insecure_http=args.allow_insecure_http)
-        failure = await _query_step(report, "api_key", api_key, args.first)
+        failure = await _query_step(report, "api_key", api_key, args)
         if report.ok:
             report.method = "api-key"
             return report
@@ -330,7 +343,7 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
         allow_insecure_http=args.allow_insecure_http,
         on_event=lambda event: events.append(event) if event.name in _TOKEN_EVENTS else None,
     )
-    failure = await _query_step(report, "oauth2", oauth2, args.first, events)
+    failure = await _query_step(report, "oauth2", oauth2, args, events)
     if report.ok:
         report.method = "oauth2"
         token = oauth2.token
@@ -357,15 +370,15 @@ async def _query_step(
     report: _Report,
     name: str,
     transport: ApiKeyTransport | OAuth2Transport,
-    first: int,
+    args: argparse.Namespace,
     fetched: list[AuthEvent] | None = None,
 ) -> Exception | None:
     """Run the check query and record the steps; returns the error that ended it, if any."""
     started = time.perf_counter()
     try:
-        async with Client(transport=transport) as session:
+        async with Client(transport=transport, execute_timeout=args.timeout) as session:
             query = gql(_CHECK_QUERY)
-            query.variable_values = {"first": first}
+            query.variable_values = {"first": args.first}
             result = await session.execute(query)
     except TokenRequestError as exc:
         # No token, so no query was sent: the token line tells the failure. The fetch's
@@ -383,7 +396,8 @@ async def _query_step(
         report.exit_code = EXIT_REFUSED
         return exc
     except (TransportError, OSError, asyncio.TimeoutError) as exc:
-        report.steps.append(_Step(name, False, _ms_since(started), f"{type(exc).__name__}: {exc}"))
+        why = _unreachable(exc, transport, args.timeout)
+        report.steps.append(_Step(name, False, _ms_since(started), why))
         report.exit_code = EXIT_UNREACHABLE
         return exc
     elapsed = _ms_since(started)
@@ -399,6 +413,26 @@ async def _query_step(
     report.ok = True
     report.exit_code = EXIT_OK
     return None
+
+
+def _unreachable(
+    exc: BaseException, transport: ApiKeyTransport | OAuth2Transport, timeout: float
+) -> str:
+    """What an answer that is no GraphQL one, or no answer, says of the API's URL."""
+    url = str(transport.url)
+    if isinstance(exc, TransportServerError) and exc.code in (404, 405):
+        return (
+            f"nothing answers GraphQL at {url} (HTTP {exc.code}): wrong {ENV_BASE_URL}? It is "
+            f"the API host; {GRAPHQL_PATH} is appended"
+        )
+    if isinstance(exc, TransportServerError) and exc.code is not None:
+        return f"{url} answered HTTP {exc.code}, not GraphQL: {exc}"
+    if isinstance(exc, asyncio.TimeoutError):
+        return (
+            f"no answer from {url} within {timeout:g} s: is {ENV_BASE_URL} right, and "
+            "the service up?"
+        )
+    return f"cannot reach {url}: {type(exc).__name__}: {exc}"
 
 
 def _token_exit_code(exc: TokenRequestError) -> int:

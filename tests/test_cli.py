@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -249,6 +250,45 @@ def test_unreachable_service_exits_3(capsys: pytest.CaptureFixture[str]) -> None
     code, out, _ = _run(capsys, ["check", "--method", "api-key"], environ)
     assert code == 3
     assert "TransportConnectionFailed" in out
+
+
+def test_a_wrong_api_url_is_named_with_the_variable_to_fix(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 404 where GraphQL should answer: exit 3, the URL and SERVICE_BASE_URL named."""
+    environ = {**emulator.environ(), "SERVICE_BASE_URL": emulator.base_url + "/v2"}
+    code, out, _ = _run(capsys, ["check", "--method", "api-key"], environ)
+    assert code == 3
+    line = _line(out, "API key")
+    assert f"nothing answers GraphQL at {emulator.base_url}/v2/graphql (HTTP 404)" in line
+    assert "wrong SERVICE_BASE_URL?" in line
+    assert "TransportServerError" not in out
+
+
+def test_an_api_that_never_answers_is_named_with_the_wait(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server that accepts and never answers: exit 3 after --timeout, not an empty
+    TimeoutError."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        environ = {**emulator.environ(), "SERVICE_BASE_URL": url}
+        code, out, _ = _run(capsys, ["check", "--method", "api-key", "--timeout", "0.5"], environ)
+    assert code == 3
+    line = _line(out, "API key")
+    assert f"no answer from {url}/graphql within 0.5 s" in line
+    assert "is SERVICE_BASE_URL right" in line
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "601", "nan"])
+def test_a_timeout_out_of_bounds_is_a_usage_error(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str], timeout: str
+) -> None:
+    code, _, err = _run(capsys, ["check", "--timeout", timeout], emulator.environ())
+    assert code == 2
+    assert "--timeout" in err
 
 
 def test_help_and_readme_tell_the_same_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
