@@ -45,6 +45,7 @@ from ._errors import (
 )
 from ._events import AuthEvent
 from .emulator import ClientRecord, Emulator
+from .emulator._server import COUNTERS_PATH
 from .transports import ApiKeyTransport, OAuth2Transport
 
 EXIT_OK: Final = 0
@@ -206,6 +207,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help='JSON file of credentials: [{"client_id": ..., "client_secret": ..., '
         '"registered": "YYYY-MM-DD", "scopes": [...]}]',
+    )
+    emulator.add_argument(
+        "--keep-clients",
+        type=Path,
+        metavar="FILE",
+        help="the same development credentials at every start: read from FILE, or, the first "
+        "time, generated and written there (mode 0600)",
     )
 
     demo = commands.add_parser(
@@ -427,7 +435,8 @@ def _unreachable(
         )
     if isinstance(exc, TransportServerError) and exc.code is not None:
         return f"{url} answered HTTP {exc.code}, not GraphQL: {exc}"
-    if isinstance(exc, asyncio.TimeoutError):
+    # Python 3.10: aiohttp's timeouts raise the builtin, asyncio's wait_for its own.
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return (
             f"no answer from {url} within {timeout:g} s: is {ENV_BASE_URL} right, and "
             "the service up?"
@@ -514,9 +523,44 @@ def _read_clients(path: Path) -> list[ClientRecord]:
         ) from None
 
 
+def _write_clients(path: Path, clients: Sequence[ClientRecord]) -> None:
+    entries = [
+        {
+            "client_id": client.client_id,
+            "client_secret": client.client_secret,
+            "registered": client.registered.isoformat(),
+            **({"scopes": sorted(client.scopes)} if client.scopes is not None else {}),
+        }
+        for client in clients
+    ]
+    try:
+        # O_EXCL: never over a file that appeared since; 0600: it holds the secrets.
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(entries, file, indent=2)
+            file.write("\n")
+    except OSError as exc:
+        raise _UsageError(f"cannot write clients to {path}: {exc.strerror}") from None
+
+
+def _clients_of(args: argparse.Namespace) -> tuple[list[ClientRecord] | None, Path | None]:
+    """The clients to serve, and the file to write them to once generated, if any."""
+    if args.clients and args.keep_clients:
+        raise _UsageError("--clients and --keep-clients: give one")
+    if args.clients:
+        return _read_clients(args.clients), None
+    if args.keep_clients:
+        if args.keep_clients.exists():
+            return _read_clients(args.keep_clients), None
+        return None, args.keep_clients
+    return None, None
+
+
 async def _serve(args: argparse.Namespace) -> int:
-    clients = _read_clients(args.clients) if args.clients else None
+    clients, keep_in = _clients_of(args)
     emulator = Emulator(clients=clients, host=args.host, port=args.port, token_ttl=args.token_ttl)
+    if keep_in is not None:
+        _write_clients(keep_in, list(emulator.clients.values()))
     try:
         await emulator.start()
     except OSError as exc:
@@ -525,7 +569,10 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    lines = [f"# gql-service-auth emulator on {emulator.base_url} (Ctrl+C to stop)"]
+    lines = [
+        f"# gql-service-auth emulator on {emulator.base_url} (Ctrl+C to stop); "
+        f"counters: GET {emulator.base_url}{COUNTERS_PATH}"
+    ]
     recent = _first(emulator, api_key_allowed=True) or next(iter(emulator.clients.values()))
     lines += [f"export {k}={v}" for k, v in emulator.environ(recent).items()]
     legacy = _first(emulator, api_key_allowed=False)
@@ -543,6 +590,14 @@ async def _serve(args: argparse.Namespace) -> int:
         await stop.wait()
     finally:
         await emulator.close()
+        counters = emulator.counters
+        print(
+            f"# served {counters.token_requests} token requests "
+            f"({counters.tokens_issued} tokens issued), {counters.graphql_requests} GraphQL "
+            f"requests ({counters.unauthenticated_responses} UNAUTHENTICATED, "
+            f"{counters.mutations_run} mutations run)",
+            flush=True,
+        )
     return EXIT_OK
 
 

@@ -3,9 +3,7 @@
 Installed as a ``pytest11`` entry point, so the fixtures are there as soon as
 gql-service-auth is installed next to pytest::
 
-    def test_my_report(service_env, monkeypatch):
-        for name, value in service_env.items():
-            monkeypatch.setenv(name, value)
+    def test_my_report(service_variables):
         assert build_report()["carriers"]     # your code, using OAuth2Transport.from_env()
 
 Fixtures:
@@ -16,6 +14,11 @@ Fixtures:
     service_client: Credentials that work both ways (registered after 2024-05-13).
     service_legacy_client: Credentials registered before 2024-05-13 (OAuth2 only).
     service_env: The ``SERVICE_*`` variables pointing ``from_env()`` at the emulator.
+    service_variables: Opt-in: those variables set in ``os.environ`` for the test (and
+        any other ``SERVICE_*`` variable removed), as they were afterwards.
+
+Async tests (``async def test_...``) need an async plugin, such as pytest-asyncio; the
+fixtures themselves are plain, and serve sync and async tests alike.
 
 Isolation: each test starts with no token shared in the process, so transports built in
 one test never use the tokens of another's (transports share tokens within a process;
@@ -119,3 +122,21 @@ def service_legacy_client(service_emulator: Emulator) -> ClientRecord:
 def service_env(service_emulator: Emulator, service_client: ClientRecord) -> dict[str, str]:
     """The ``SERVICE_*`` variables that point ``from_env()`` at the emulator."""
     return service_emulator.environ(service_client)
+
+
+@pytest.fixture
+def service_variables(
+    service_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """``service_env`` set in ``os.environ`` for the test, and restored after it.
+
+    Any other ``SERVICE_*`` variable of the shell (a store URL, say) is removed for the
+    test, so that the code under test reaches the emulator alone.
+    """
+    import os
+
+    for name in [name for name in os.environ if name.startswith("SERVICE_")]:
+        monkeypatch.delenv(name)
+    for name, value in service_env.items():
+        monkeypatch.setenv(name, value)
+    return service_env

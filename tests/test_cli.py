@@ -6,9 +6,11 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -382,9 +384,58 @@ def test_emulator_command_serves_what_it_prints(tmp_path: Path) -> None:
             )
             assert completed.returncode == 0, completed.stderr
             assert json.loads(completed.stdout)["method"] == "api-key"
+            counters_url = lines[0].split("counters: GET ", 1)[1].strip()
+            direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            with direct.open(counters_url, timeout=10) as answer:
+                counters = json.load(answer)
+            assert counters["graphql_requests"] == 1
+            assert counters["token_requests"] == 0
         finally:
             process.send_signal(signal.SIGINT)
             assert process.wait(timeout=10) == 0
+        summary = process.stdout.read()
+        assert "# served 0 token requests (0 tokens issued), 1 GraphQL requests" in summary
+
+
+def _emulator_exports(*options: str) -> dict[str, str]:
+    """Start the emulator command, read its export lines, stop it with SIGINT."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "gql_service_auth", "emulator", "--port", "0", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stdout is not None
+        try:
+            lines = [process.stdout.readline() for _ in range(8)]
+        finally:
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=10) == 0, process.stderr
+    return dict(
+        line.removeprefix("export ").strip().split("=", 1)
+        for line in lines
+        if line.startswith("export ")
+    )
+
+
+def test_keep_clients_serves_the_same_credentials_at_every_start(tmp_path: Path) -> None:
+    """The first start writes its generated clients (0600); the next ones serve them."""
+    kept = tmp_path / "dev-clients.json"
+    first = _emulator_exports("--keep-clients", str(kept))
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert len(json.loads(kept.read_text())) == 2  # a recent and a legacy client
+    second = _emulator_exports("--keep-clients", str(kept))
+    assert first["SERVICE_CLIENT_ID"] == second["SERVICE_CLIENT_ID"]
+    assert first["SERVICE_CLIENT_SECRET"] == second["SERVICE_CLIENT_SECRET"]
+    assert first["SERVICE_BASE_URL"] != second["SERVICE_BASE_URL"]  # --port 0: any port
+
+
+def test_clients_and_keep_clients_together_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["emulator", "--port", "0", "--clients", "a.json", "--keep-clients", "b.json"]
+    assert main(argv, environ={}) == 2
+    assert "--clients and --keep-clients" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

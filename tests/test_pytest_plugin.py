@@ -69,6 +69,41 @@ def test_fixtures_work_in_a_user_suite(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=5)
 
 
+def test_service_variables_sets_the_environment_for_one_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opt-in fixture points os.environ (and so from_env() with no argument) at the
+    emulator for its test alone: a shell's SERVICE_* variables are back after it, and a
+    test that does not ask for it sees them."""
+    monkeypatch.setenv("SERVICE_BASE_URL", "https://shell.example")
+    monkeypatch.setenv("SERVICE_TOKEN_STORE_URL", "redis://shell.example:6379/0")
+    pytester.makeini(INI)
+    pytester.makepyfile(
+        test_user="""
+import asyncio
+import os
+from gql import Client, gql
+from gql_service_auth import OAuth2Transport
+
+async def query():
+    async with Client(transport=OAuth2Transport.from_env()) as session:
+        return await session.execute(gql("query { carriers(first: 1) { totalCount } }"))
+
+def test_a_uses_the_emulator(service_variables, service_emulator):
+    assert os.environ["SERVICE_BASE_URL"] == service_emulator.base_url
+    assert "SERVICE_TOKEN_STORE_URL" not in os.environ
+    assert asyncio.run(query())
+    assert service_emulator.counters.token_requests == 1
+
+def test_b_sees_the_shell_again():
+    assert os.environ["SERVICE_BASE_URL"] == "https://shell.example"
+    assert os.environ["SERVICE_TOKEN_STORE_URL"] == "redis://shell.example:6379/0"
+"""
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
 def test_unknown_knob_is_a_usage_error(pytester: pytest.Pytester) -> None:
     """A marker naming a knob the emulator lacks fails clearly instead of being ignored."""
     pytester.makeini(INI)

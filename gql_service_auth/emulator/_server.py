@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import date
 from typing import Any, Literal
 from urllib.parse import unquote_plus
@@ -151,6 +151,10 @@ class ManualClock:
         self.advance(seconds)
 
 
+COUNTERS_PATH = "/_emulator/counters"
+"""Where the emulator answers its counters as JSON (``GET``)."""
+
+
 @dataclass(slots=True)
 class Counters:
     """What the emulator has seen since it started or since :meth:`Emulator.reset_counters`."""
@@ -181,7 +185,8 @@ class Emulator:
 
     Start it as an async context manager (``async with Emulator() as emulator``), or in a
     thread of its own for sync code and tests (``with Emulator().run_in_thread()``).
-    Knobs are plain attributes and may be changed while it runs.
+    Knobs are plain attributes and may be changed while it runs. ``GET /_emulator/counters``
+    answers :attr:`counters` as JSON, for a process that did not start it.
 
     Args:
         clients: Known credentials; by default one recent client and one registered
@@ -411,7 +416,11 @@ class Emulator:
         app = web.Application()
         app.router.add_post(GRAPHQL_PATH, self._graphql)
         app.router.add_post(TOKEN_PATH, self._token)
+        app.router.add_get(COUNTERS_PATH, self._counters)
         return app
+
+    async def _counters(self, request: web.Request) -> web.Response:
+        return web.json_response(asdict(self.counters))
 
     async def start(self) -> None:
         """Start listening; :attr:`port` then holds the actual port."""
