@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest gql-suite demo examples soak bench docs matrix sdist-check clean
+.PHONY: install test lint typecheck pytest gql-suite demo examples soak bench docs docs-screenshots matrix sdist-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,11 +67,18 @@ $(DOCS_STAMP): pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,docs]'
 	touch $(DOCS_STAMP)
 
-# The site, into docs/_build/html: every warning is an error, and every public name must
-# be in the reference. Open docs/_build/html/index.html.
+# The site, into docs/_build/html: every warning is an error, every public name must be in
+# the reference, and no variable of the build's environment may show in a page (a canary
+# is set to catch one). Open docs/_build/html/index.html.
 docs: $(DOCS_STAMP)
-	$(BIN)/sphinx-build -E -q -W --keep-going -b html docs docs/_build/html
-	$(BIN)/python docs/check_reference.py docs/_build/html
+	GSA_DOCS_CANARY=docs-canary-8d1f0c $(BIN)/sphinx-build -E -q -W --keep-going -b html docs docs/_build/html
+	$(BIN)/python docs/check_reference.py docs/_build/html docs-canary-8d1f0c
+
+# The home page, the API reference and the architecture page as a reader sees them, in
+# headless Chromium (installed with apt-get as root if missing): PNGs in
+# docs/_build/screenshots. Look at them after changing the docs.
+docs-screenshots: docs
+	bash docs/screenshots.sh docs/_build/html docs/_build/screenshots
 
 # The suite on every other Python 3.10-3.13 the machine has (absent ones are skipped), by
 # nox; make test runs it on the default one.

@@ -1,7 +1,10 @@
-"""Fail unless the built API reference documents every public name.
+"""Fail unless the built API reference documents every public name, and no page shows the
+build's environment.
 
 Every name in ``__all__`` of the package and of its public modules must have an anchor
 in ``api.html``: a name added to ``__all__`` and missed by the reference fails ``make docs``.
+A default of ``os.environ`` rendered by value would publish the build machine's variables,
+secrets included: ``make docs`` sets a canary variable, which no page may contain.
 """
 
 from __future__ import annotations
@@ -35,10 +38,18 @@ def missing(html: str) -> list[str]:
 
 def main() -> int:
     built = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/_build/html")
+    canary = sys.argv[2] if len(sys.argv) > 2 else None
     absent = missing((built / "api.html").read_text(encoding="utf-8"))
     for name in absent:
         print(f"not in the API reference: {name}", file=sys.stderr)
-    return 1 if absent else 0
+    leaks = [
+        page
+        for page in sorted(built.rglob("*.html"))
+        if canary and canary in page.read_text(encoding="utf-8")
+    ]
+    for page in leaks:
+        print(f"{page} shows the build's environment", file=sys.stderr)
+    return 1 if absent or leaks else 0
 
 
 if __name__ == "__main__":

@@ -31,7 +31,12 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_ivar = True  # Attributes: as fields, not as a second description of each
 autodoc_typehints = "description"
+# Types go with the arguments the docstring describes, not in a second list of all of them.
+autodoc_typehints_description_target = "documented"
 autodoc_member_order = "bysource"
+# Defaults as the source writes them: `environ=os.environ`, never the build machine's
+# variables (which may hold secrets) rendered into the page.
+autodoc_preserve_defaults = True
 autodoc_default_options = {"members": True, "show-inheritance": True}
 # Names a reader follows in their own libraries' documentation, which is not fetched here
 # (the build runs with no network): shown as text, not as a broken link.
