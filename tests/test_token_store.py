@@ -270,11 +270,11 @@ async def test_from_env_reads_the_store_url(
 async def test_a_least_privilege_acl_user_suffices(
     live_emulator: Emulator, redis_server: RedisServer
 ) -> None:
-    """The README's ACL line gives the store all it needs, a database number included."""
+    """The docs' ACL line gives the store all it needs, a database number included."""
     from redis_server import command
 
-    readme = Path(__file__).parents[1].joinpath("README.md").read_text()
-    line = re.search(r"^ACL SETUSER (gql-service-auth .*)$", readme, re.MULTILINE)
+    page = Path(__file__).parents[1].joinpath("docs", "tokens.md").read_text()
+    line = re.search(r"^ACL SETUSER (gql-service-auth .*)$", page, re.MULTILINE)
     assert line is not None
     rule = line.group(1).replace("<password>", "acl-test-password")
     assert b"+OK" in command(redis_server.port, "ACL", "SETUSER", *rule.split())
@@ -613,7 +613,7 @@ async def test_waiters_of_a_dead_holder_take_over_one_at_a_time(
     retry = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0, timeout=5.0)
     transports = [with_store(live_emulator, store, events, retry=retry) for _ in range(6)]
     # The lock a process killed right after taking it leaves behind, for as long as a
-    # fetch lock lives (2 s, the README says).
+    # fetch lock lives (2 s, docs/tokens.md says).
     assert await store.lock(identity_of(live_emulator), "dead-owner", 2.0) is None
     await asyncio.wait_for(asyncio.gather(*(query(t, 5) for t in transports)), 30)
     # Before waiters waited by Redis's clock, 5 or 6. A PTTL of 0, the dead lock's last
