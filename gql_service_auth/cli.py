@@ -16,18 +16,18 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import date
 from pathlib import Path
 from typing import Any, Final, TextIO
 
 from gql import Client, gql
 from gql.transport.exceptions import TransportError, TransportServerError
 
+from ._cli_emulator import UsageError as _UsageError
+from ._cli_emulator import serve
 from ._config import ends_with_path
 from ._constants import (
     DEFAULT_EXPIRES_IN,
@@ -44,8 +44,6 @@ from ._errors import (
     UnauthenticatedError,
 )
 from ._events import AuthEvent
-from .emulator import ClientRecord, Emulator
-from .emulator._server import COUNTERS_PATH
 from .transports import ApiKeyTransport, OAuth2Transport
 
 EXIT_OK: Final = 0
@@ -93,10 +91,6 @@ _NO_AUTH_URL = (
     f"OAuth2 needs the authorization server: pass --auth-url or set {ENV_AUTH_URL} "
     "(the API key alone does not)"
 )
-
-
-class _UsageError(Exception):
-    """Bad command-line input, reported with exit code 2."""
 
 
 @dataclass
@@ -255,7 +249,8 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str] | None) -> int:
                 print(f"gql-service-auth: error: {report.error}", file=sys.stderr)
             return report.exit_code
         if args.command == "emulator":
-            return asyncio.run(_serve(args))
+            asyncio.run(serve(args))
+            return EXIT_OK
         from ._demo import run_demo
 
         return asyncio.run(run_demo(token_ttl=args.token_ttl, out=sys.stdout))
@@ -503,105 +498,3 @@ def _print_report(report: _Report, as_json: bool, out: TextIO) -> None:
             print(f"  {carrier['id']}  {carrier['name']}", file=out)
         if report.access_token is not None:
             print(f"\naccess token: {report.access_token}", file=out)
-
-
-def _read_clients(path: Path) -> list[ClientRecord]:
-    try:
-        entries = json.loads(path.read_text())
-        return [
-            ClientRecord(
-                str(entry["client_id"]),
-                str(entry["client_secret"]),
-                date.fromisoformat(entry.get("registered", "2025-01-15")),
-                frozenset(entry["scopes"]) if entry.get("scopes") is not None else None,
-            )
-            for entry in entries
-        ]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise _UsageError(
-            f"cannot read clients from {path}: {type(exc).__name__}: {exc}"
-        ) from None
-
-
-def _write_clients(path: Path, clients: Sequence[ClientRecord]) -> None:
-    entries = [
-        {
-            "client_id": client.client_id,
-            "client_secret": client.client_secret,
-            "registered": client.registered.isoformat(),
-            **({"scopes": sorted(client.scopes)} if client.scopes is not None else {}),
-        }
-        for client in clients
-    ]
-    try:
-        # O_EXCL: never over a file that appeared since; 0600: it holds the secrets.
-        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(entries, file, indent=2)
-            file.write("\n")
-    except OSError as exc:
-        raise _UsageError(f"cannot write clients to {path}: {exc.strerror}") from None
-
-
-def _clients_of(args: argparse.Namespace) -> tuple[list[ClientRecord] | None, Path | None]:
-    """The clients to serve, and the file to write them to once generated, if any."""
-    if args.clients and args.keep_clients:
-        raise _UsageError("--clients and --keep-clients: give one")
-    if args.clients:
-        return _read_clients(args.clients), None
-    if args.keep_clients:
-        if args.keep_clients.exists():
-            return _read_clients(args.keep_clients), None
-        return None, args.keep_clients
-    return None, None
-
-
-async def _serve(args: argparse.Namespace) -> int:
-    clients, keep_in = _clients_of(args)
-    emulator = Emulator(clients=clients, host=args.host, port=args.port, token_ttl=args.token_ttl)
-    if keep_in is not None:
-        _write_clients(keep_in, list(emulator.clients.values()))
-    try:
-        await emulator.start()
-    except OSError as exc:
-        raise _UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    lines = [
-        f"# gql-service-auth emulator on {emulator.base_url} (Ctrl+C to stop); "
-        f"counters: GET {emulator.base_url}{COUNTERS_PATH}"
-    ]
-    recent = _first(emulator, api_key_allowed=True) or next(iter(emulator.clients.values()))
-    lines += [f"export {k}={v}" for k, v in emulator.environ(recent).items()]
-    legacy = _first(emulator, api_key_allowed=False)
-    if legacy is not None:
-        lines.append(
-            f"# registered {legacy.registered.isoformat()}, before 2024-05-13: OAuth2 only"
-        )
-        lines += [
-            f"# export {k}={v}"
-            for k, v in emulator.environ(legacy).items()
-            if k in (ENV_CLIENT_ID, ENV_CLIENT_SECRET)
-        ]
-    print("\n".join(lines), flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await emulator.close()
-        counters = emulator.counters
-        print(
-            f"# served {counters.token_requests} token requests "
-            f"({counters.tokens_issued} tokens issued), {counters.graphql_requests} GraphQL "
-            f"requests ({counters.unauthenticated_responses} UNAUTHENTICATED, "
-            f"{counters.mutations_run} mutations run)",
-            flush=True,
-        )
-    return EXIT_OK
-
-
-def _first(emulator: Emulator, *, api_key_allowed: bool) -> ClientRecord | None:
-    return next(
-        (c for c in emulator.clients.values() if c.api_key_allowed == api_key_allowed), None
-    )
