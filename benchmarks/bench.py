@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import _otel
 import _sharing
 import _stacks
 import aiohttp
@@ -78,6 +79,8 @@ class Sizes:
     revocation_ttl: float = 4.0
     revocation_concurrency: int = 20
     revocation_pause: float = 1.0
+    otel_requests: int = 2000
+    otel_fetches: int = 200
     sharing_calls: int = 13
     sharing_threads: int = 8
     sharing_ttl: float = 3.0
@@ -111,6 +114,8 @@ TINY = Sizes(
     revocation_ttl=2.0,
     revocation_concurrency=5,
     revocation_pause=0.1,
+    otel_requests=100,
+    otel_fetches=5,
     sharing_calls=3,
     sharing_threads=4,
     sharing_ttl=4.0,  # no renewal within the tiny run: each pattern's count is its cold start
@@ -1219,6 +1224,16 @@ def store_contender() -> Iterator[Factory | None]:
             server.stop()
 
 
+def otel_cost(sizes: Sizes) -> dict[str, Any]:
+    """Figure 13 (see ``_otel.py``): each mode in processes of its own, on the lean server."""
+    with lean_server() as server:
+        urls = (server.base_url + "/graphql", server.base_url + "/oauth2/token")
+        figures: dict[str, Any] = _otel.figure(
+            *urls, sizes.otel_requests, sizes.otel_fetches, sizes.rounds
+        )
+    return figures
+
+
 def other_stacks(sizes: Sizes) -> dict[str, Any]:
     """Figure 11 (see ``_stacks.py``): the lean server for CPU, then a 50 ms token endpoint
     for the herd."""
@@ -1272,6 +1287,7 @@ async def _run(
         ("7 pytest plugin", lambda: plugin_cost(sizes)),
         ("9 fleet", lambda: fleet(sizes)),
         ("10 revocation", lambda: fleet_revocation(sizes)),
+        ("13 opentelemetry", lambda: otel_cost(sizes)),
     ]
     for name, step in steps:
         if only is None or name.startswith(only + " "):
@@ -1301,6 +1317,7 @@ def print_table(figures: dict[str, Any]) -> None:
         ("10 revocation", _print_revocation),
         ("11 other stacks", lambda figures: _stacks.print_figure(figures["11 other stacks"])),
         ("12 sharing", lambda figures: _sharing.print_figure(figures["12 sharing"])),
+        ("13 opentelemetry", lambda figures: _otel.print_figure(figures["13 opentelemetry"])),
     ):
         if name in figures:
             print()
@@ -1493,7 +1510,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
     parser.add_argument(
-        "--only", choices=[str(n) for n in range(1, 13)], help="run only this figure's number"
+        "--only", choices=[str(n) for n in range(1, 14)], help="run only this figure's number"
     )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()

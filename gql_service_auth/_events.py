@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from . import _fork
+from . import _fork, _telemetry
 from ._constants import LOGGER_NAME
 
 EventName: TypeAlias = Literal[
@@ -174,6 +174,7 @@ class Emitter:
 
     def __call__(self, event: AuthEvent) -> None:
         _log(event)
+        _telemetry.record(event)
         self.notify(event)
 
     def notify(self, event: AuthEvent) -> None:
@@ -213,6 +214,7 @@ class Subscribers:
 
     def __call__(self, event: AuthEvent) -> None:
         _log(event)
+        _telemetry.record(event)
         with self._lock:
             emitters = list(self._emitters)
         for emitter in emitters:

@@ -19,6 +19,7 @@ from typing import Any
 from ._errors import TokenRequestError
 from ._events import AuthEvent
 from ._loop_thread import close_own_loop
+from ._telemetry import current_context
 from ._token import AccessToken
 
 _POLL_INTERVAL = 0.05
@@ -33,6 +34,8 @@ class Flight:
     reason: str
     #: Runs on its caller's loop, for that caller only (no thread could be started).
     private: bool = False
+    #: The OpenTelemetry context of the caller that started it, for the fetch's span.
+    trace_parent: Any = None
 
 
 Fly = Callable[[Flight], Coroutine[Any, Any, None]]
@@ -51,7 +54,7 @@ def launch(reason: str, fly: Fly, *, background: bool) -> Flight | None:
     future: concurrent.futures.Future[AccessToken] = concurrent.futures.Future()
     # A running future cannot be cancelled, so no waiter can cancel it for the others.
     future.set_running_or_notify_cancel()
-    flight = Flight(future, reason)
+    flight = Flight(future, reason, trace_parent=current_context())
     thread = threading.Thread(
         target=run_on_own_loop, args=(fly, flight), name="gql-service-auth-token", daemon=True
     )

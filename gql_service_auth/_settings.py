@@ -7,6 +7,7 @@ The adapter brings what is its own: how the token request is posted (a
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -162,6 +163,7 @@ def token_manager(
             clock=clock,
             emit=subscribers,
             source=source,
+            server=_host_and_port(token_url),
         )
 
     if share:
@@ -217,3 +219,12 @@ def oauth2_env(
         "token_url": endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
         **kwargs,
     }
+
+
+def _host_and_port(url: object) -> tuple[str, int | None] | None:
+    """The token endpoint's host and port, as a span shows them (never its path or query)."""
+    parts = urllib.parse.urlsplit(str(url))
+    try:
+        return (parts.hostname, parts.port) if parts.hostname else None
+    except ValueError:  # a port out of range was refused earlier; be safe anyway
+        return None

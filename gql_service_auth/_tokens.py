@@ -47,6 +47,7 @@ from ._flight import (
 from ._ledger import Refusals, RenewalFailures, RenewalPaused, RenewalSpent
 from ._provenance import Origin
 from ._redact import clear_locals
+from ._telemetry import fetch_span
 from ._token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token, waits_on
 from ._token_source import ENDPOINT, TokenSource
 
@@ -56,7 +57,7 @@ _Steps = Generator[Flight, AccessToken, AccessToken]
 
 # fmt: off
 _SETTINGS = ("_fetch", "_source", "_refresh_margin", "_default_expires_in", "_fetch_timeout",
-             "_cooldown", "_max_attempts", "_renewal_backoff", "_clock", "_emit")
+             "_cooldown", "_max_attempts", "_renewal_backoff", "_clock", "_emit", "_server")
 # fmt: on
 """What a copy of a manager keeps (all that ``__init__`` was given): no token, no state."""
 
@@ -92,6 +93,7 @@ class TokenManager:
             events.
         source: Where tokens come from, given ``fetch``: the token endpoint (the default),
             or a store shared with other processes in front of it (see ``_token_source.py``).
+        server: Host and port of the token endpoint, for the fetch's span.
     """
 
     #: Set on a manager the transports of a process share: how a copy rejoins the one of
@@ -111,8 +113,10 @@ class TokenManager:
         clock: Clock = time.monotonic,
         emit: Callable[[AuthEvent], None] | None = None,
         source: TokenSource = ENDPOINT,
+        server: tuple[str, int | None] | None = None,
     ) -> None:
         self._fetch = fetch
+        self._server = server
         self._source = source
         self._renewal_backoff = renewal_backoff
         self._refresh_margin = refresh_margin
@@ -481,6 +485,10 @@ class TokenManager:
 
     async def _fly(self, flight: Flight) -> None:
         """Fetch once, bounded in time, and publish the outcome whatever happens."""
+        with fetch_span(flight.reason, flight.trace_parent, self._server):
+            await self._fly_traced(flight)
+
+    async def _fly_traced(self, flight: Flight) -> None:
         began = time.monotonic()
         origin: Origin | None = None  # set for a token read from a shared store
         # The same deadline with a shared store or without: waiting for another process's

@@ -32,8 +32,8 @@ def figures() -> dict[str, Any]:
     return result
 
 
-def test_all_twelve_figures_are_reported(figures: dict[str, Any]) -> None:
-    """Each of the twelve figures is in the output."""
+def test_all_thirteen_figures_are_reported(figures: dict[str, Any]) -> None:
+    """Each of the thirteen figures is in the output."""
     for key in (
         "1 overhead",
         "1 layer cost",
@@ -48,6 +48,7 @@ def test_all_twelve_figures_are_reported(figures: dict[str, Any]) -> None:
         "10 revocation",
         "11 other stacks",
         "12 sharing",
+        "13 opentelemetry",
     ):
         assert key in figures
 
@@ -58,6 +59,16 @@ def test_every_other_stack_shares_one_token_fetch_in_a_herd(figures: dict[str, A
     assert set(herd) == {"requests", "httpx", "httpx async"}
     for row in herd.values():
         assert row == {"token_requests": 1, "failed": 0}
+
+
+def test_opentelemetry_figure_measures_what_it_names(figures: dict[str, Any]) -> None:
+    """Figure 13's modes are what they say: no import without the API, and with the SDK one
+    span and one count per fetch (the timed ones and the first token)."""
+    rows = figures["13 opentelemetry"]
+    assert rows["without opentelemetry"]["opentelemetry_imported"] is False
+    assert rows["API, no SDK"]["opentelemetry_imported"] is True
+    configured = rows["SDK configured"]
+    assert configured["spans"] == configured["fetches_counted"] == rows["fetches"] + 1
 
 
 def test_fleet_revocation_counts(figures: dict[str, Any], redis_binary: str) -> None:

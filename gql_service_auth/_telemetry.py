@@ -1,0 +1,252 @@
+"""Metrics and spans through OpenTelemetry, when its API is installed (extra ``[otel]``).
+
+Recorded through the global providers: an application that configures the OpenTelemetry
+SDK sees them with no other setting; one that does not, or has no ``opentelemetry-api``,
+pays one lookup per token event and per fetch, and nothing per request. The instruments
+are made at the first event, so importing the package does not import OpenTelemetry.
+
+Attributes carry what a dashboard groups by (why a token was fetched, how it ended, the
+error code, the token endpoint's host) and never a secret, a token or a client id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any, Final, Protocol
+
+from ._constants import LOGGER_NAME
+
+
+class Event(Protocol):
+    """What is read of an ``AuthEvent`` (``_events.py`` imports this module, not back)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def duration(self) -> float | None: ...
+    @property
+    def store(self) -> str | None: ...
+
+
+NAMESPACE: Final = "gql_service_auth"
+"""The instrumentation scope, and the prefix of every metric and attribute of ours."""
+
+SPAN_NAME: Final = "gql_service_auth.fetch_token"
+"""The span of one token fetch, its retries as events (a low-cardinality name)."""
+
+DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+"""Seconds: a fetch takes milliseconds on a LAN and up to ``RetryPolicy.timeout`` when
+it retries, so the SDK's default buckets (in milliseconds' range up to 10 000) would put
+every fetch in the first two."""
+
+_FAILED: Final = frozenset({"token_request_failed", "token_renewal_failed"})
+_ENDS_A_FETCH: Final = _FAILED | {"token_fetched", "token_loaded"}
+
+# An event's fields as attributes: the standard names where OpenTelemetry has one.
+_ATTRIBUTE_NAMES: Final = {
+    "reason": f"{NAMESPACE}.reason",
+    "attempt": f"{NAMESPACE}.attempt",
+    "max_attempts": f"{NAMESPACE}.max_attempts",
+    "wait": f"{NAMESPACE}.wait",
+    "expires_in": f"{NAMESPACE}.expires_in",
+    "status": "http.response.status_code",
+    "error": "error.type",
+    "store": f"{NAMESPACE}.store",
+    "detail": f"{NAMESPACE}.detail",
+}
+
+logger = logging.getLogger(LOGGER_NAME)
+
+# The span of the fetch running in this task, for the events it emits (retries, a store
+# that failed); a context variable, so concurrent fetches on one loop never mix.
+_CURRENT_FETCH: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "gql_service_auth_fetch_span", default=None
+)
+
+
+class _Instruments:
+    """The meter's instruments and the tracer, made once per process."""
+
+    def __init__(self, metrics: Any, trace: Any, version: str) -> None:
+        meter = metrics.get_meter(NAMESPACE, version)
+        self.tracer = trace.get_tracer(NAMESPACE, version)
+        self.fetches = meter.create_counter(
+            f"{NAMESPACE}.token.fetches",
+            unit="{fetch}",
+            description="Token fetches from the token endpoint, by reason and outcome",
+        )
+        self.duration = meter.create_histogram(
+            f"{NAMESPACE}.token.fetch.duration",
+            unit="s",
+            description="Duration of token fetches, retries included",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.renewal_failures = meter.create_counter(
+            f"{NAMESPACE}.token.renewal.failures",
+            unit="{renewal}",
+            description="Renewals ahead of expiry that failed (the token in use stays in use)",
+        )
+        self.refusals = meter.create_counter(
+            f"{NAMESPACE}.token.refusals",
+            unit="{token}",
+            description="Tokens the API refused (UNAUTHENTICATED), which were dropped",
+        )
+        self.resends = meter.create_counter(
+            f"{NAMESPACE}.request.resends",
+            unit="{request}",
+            description="Refused GraphQL requests sent again with a renewed token",
+        )
+        self.store_loads = meter.create_counter(
+            f"{NAMESPACE}.store.loads",
+            unit="{token}",
+            description="Tokens read from the shared token store instead of fetched",
+        )
+        self.store_failures = meter.create_counter(
+            f"{NAMESPACE}.store.failures",
+            unit="{failure}",
+            description="Failures of the shared token store (the process fetches itself)",
+        )
+
+
+_lock = threading.Lock()
+_instruments: _Instruments | None = None
+_absent = False  # opentelemetry-api is not installed: checked once
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _get() -> _Instruments | None:
+    global _instruments, _absent
+    if _instruments is not None or _absent:
+        return _instruments
+    with _lock:
+        if _instruments is None and not _absent:
+            try:
+                from opentelemetry import metrics, trace
+            except ImportError:
+                _absent = True
+                return None
+            from importlib.metadata import version  # not the package's: no import cycle
+
+            _instruments = _Instruments(metrics, trace, version("gql-service-auth"))
+    return _instruments
+
+
+def current_context() -> Any:
+    """The caller's OpenTelemetry context, to parent the fetch it starts; ``None`` when
+    OpenTelemetry is not installed."""
+    if _get() is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
+@contextlib.contextmanager
+def fetch_span(reason: str, parent: Any, server: tuple[str, int | None] | None) -> Iterator[None]:
+    """The span of one token fetch, current for its duration.
+
+    A fetch requests wait for (``initial``, ``expired``, ``rejected``) is a child of the
+    request that started it. A renewal ahead of expiry, which no request waits for, is a
+    root span linked to that request, so that it does not lengthen the request's trace.
+    """
+    instruments = _get()
+    if instruments is None:
+        yield
+        return
+    from opentelemetry import trace
+
+    attributes: dict[str, Any] = {f"{NAMESPACE}.reason": reason}
+    if server is not None:
+        attributes["server.address"] = server[0]
+        if server[1] is not None:
+            attributes["server.port"] = server[1]
+    caller = trace.get_current_span(parent)
+    if reason == "expiring":
+        links = [trace.Link(caller.get_span_context())]
+        links = [link for link in links if link.context.is_valid]
+        span = instruments.tracer.start_span(
+            SPAN_NAME, context=trace.set_span_in_context(trace.INVALID_SPAN), links=links
+        )
+    else:
+        span = instruments.tracer.start_span(SPAN_NAME, context=parent)
+    span.set_attributes(attributes)
+    token = _CURRENT_FETCH.set(span)
+    try:
+        # Current in the OpenTelemetry context too: an instrumented HTTP client's span of
+        # the token request is this one's child.
+        with trace.use_span(span, end_on_exit=True, record_exception=False):
+            yield
+    finally:
+        _CURRENT_FETCH.reset(token)
+
+
+def record(event: Event) -> None:
+    """Count ``event`` in the metrics, and note it on the span of the fetch it belongs to."""
+    instruments = _get()
+    if instruments is None:
+        return
+    try:
+        _record(instruments, event)
+    except Exception:  # a telemetry bug must not break authentication
+        logger.exception("%s.telemetry_failed event=%s", LOGGER_NAME, event.name)
+
+
+def _record(instruments: _Instruments, event: Event) -> None:
+    name = event.name
+    if name in _FAILED or name == "token_fetched":
+        attributes = {
+            f"{NAMESPACE}.reason": event.reason or "unknown",
+            f"{NAMESPACE}.outcome": "failure" if name in _FAILED else "success",
+        }
+        if event.error is not None:
+            attributes["error.type"] = event.error
+        instruments.fetches.add(1, attributes)
+        if event.duration is not None:
+            instruments.duration.record(event.duration, attributes)
+        if name == "token_renewal_failed":
+            instruments.renewal_failures.add(1, {"error.type": event.error or "unknown"})
+    elif name == "token_loaded":
+        instruments.store_loads.add(1, {f"{NAMESPACE}.reason": event.reason or "unknown"})
+    elif name == "token_store_failed":
+        instruments.store_failures.add(1, {f"{NAMESPACE}.store": event.store or "unknown"})
+    elif name == "token_rejected":
+        instruments.refusals.add(1)
+    elif name == "request_retry_scheduled":
+        instruments.resends.add(1)
+    span = _CURRENT_FETCH.get()
+    if span is None:
+        return
+    attributes = {
+        _ATTRIBUTE_NAMES[field]: value
+        for field, value in (
+            (field, getattr(event, field)) for field in _ATTRIBUTE_NAMES if field != "reason"
+        )
+        if value is not None
+    }
+    if name not in _ENDS_A_FETCH:
+        span.add_event(name, attributes)
+        return
+    outcome = {"token_fetched": "success", "token_loaded": "loaded"}.get(name, "failure")
+    span.set_attribute(f"{NAMESPACE}.outcome", outcome)
+    span.set_attributes(attributes)
+    if outcome == "failure":
+        from opentelemetry.trace import Status, StatusCode
+
+        # The error code alone: the exception's message is the caller's to log.
+        span.set_status(Status(StatusCode.ERROR, event.error))
