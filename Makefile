@@ -17,9 +17,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# The CI workflow for a public forge too: against the schema of workflow files, and by
+# zizmor's security audits (offline: no lookups of the actions' repositories).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	$(BIN)/check-jsonschema --builtin-schema vendor.dependabot .github/dependabot.yml
+	$(BIN)/zizmor --offline --quiet .github/
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
