@@ -63,7 +63,7 @@ EXIT_CODES: Final = (
     "unreachable or unexpected answer, 130 interrupted. The emulator command exits 0 when "
     "Ctrl+C or SIGTERM stops it."
 )
-"""The exit codes as ``--help`` tells them; the README says the same."""
+"""The exit codes as ``--help`` tells them; docs/cli.md says the same (a test compares)."""
 
 # What auto's API key refusal means depends on what OAuth2 then made of the same
 # credentials: only their acceptance proves the 2024-05-13 rule is the cause.

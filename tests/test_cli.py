@@ -293,10 +293,11 @@ def test_a_timeout_out_of_bounds_is_a_usage_error(
     assert "--timeout" in err
 
 
-def test_help_and_readme_tell_the_same_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
-    """--help of the command and of check, and the README, give the same exit codes."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert EXIT_CODES in " ".join(readme.replace("`", "").split())
+def test_help_and_docs_tell_the_same_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help of the command and of check, and the command line's page, give the same exit
+    codes."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    assert EXIT_CODES in " ".join(page.replace("`", "").split())
     for argv in (["--help"], ["check", "--help"]):
         assert main(argv, environ={}) == 0
         assert EXIT_CODES in " ".join(capsys.readouterr().out.split())

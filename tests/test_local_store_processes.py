@@ -29,7 +29,7 @@ from gql_service_auth.emulator import Emulator
 from gql_service_auth.local import LocalTokenStore
 
 LOCK_TTL = 2.0
-"""The fetch lock's time to live (STORE_LOCK_TTL, as docs/tokens.md states it)."""
+"""The fetch lock's time to live (STORE_LOCK_TTL, as docs/workers.md states it)."""
 
 ONE_SHOT = """
 import json

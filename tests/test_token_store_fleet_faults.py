@@ -101,7 +101,7 @@ def test_processes_waiting_on_a_failing_fetch_learn_its_error(
         concurrency=1,
         retry_timeout=1.5,
         store_timeout=SLOW_MACHINE,
-        # RetryPolicy.timeout + 0.5 s, and a little: what the README's "Timeouts" promises.
+        # RetryPolicy.timeout + 0.5 s, and a little: what docs/errors.md's "Timeouts" promises.
         execute_timeout=2.5,
     )
     outcomes = run_fleet(6, config)
