@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any, Final, Protocol
@@ -35,6 +36,8 @@ class Event(Protocol):
     def duration(self) -> float | None: ...
     @property
     def store(self) -> str | None: ...
+    @property
+    def status(self) -> int | None: ...
 
 
 NAMESPACE: Final = "gql_service_auth"
@@ -48,6 +51,23 @@ DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 it retries, so the SDK's default buckets (in milliseconds' range up to 10 000) would put
 every fetch in the first two."""
 
+RFC6749_ERRORS: Final = frozenset(
+    {
+        "invalid_request",
+        "invalid_client",
+        "invalid_grant",
+        "unauthorized_client",
+        "unsupported_grant_type",
+        "invalid_scope",
+        "access_denied",
+        "server_error",
+        "temporarily_unavailable",
+    }
+)
+"""Error codes shown as they came: RFC 6749's (sections 4.1.2.1 and 5.2)."""
+
+_CLASS_NAME: Final = re.compile(r"[A-Z][A-Za-z0-9]{0,62}(?:Error|Exception|Timeout|Failed)")
+
 _FAILED: Final = frozenset({"token_request_failed", "token_renewal_failed"})
 _ENDS_A_FETCH: Final = _FAILED | {"token_fetched", "token_loaded"}
 
@@ -59,7 +79,6 @@ _ATTRIBUTE_NAMES: Final = {
     "wait": f"{NAMESPACE}.wait",
     "expires_in": f"{NAMESPACE}.expires_in",
     "status": "http.response.status_code",
-    "error": "error.type",
     "store": f"{NAMESPACE}.store",
     "detail": f"{NAMESPACE}.detail",
 }
@@ -76,7 +95,7 @@ _CURRENT_FETCH: contextvars.ContextVar[Any] = contextvars.ContextVar(
 class _Instruments:
     """The meter's instruments and the tracer, made once per process."""
 
-    def __init__(self, metrics: Any, trace: Any, version: str) -> None:
+    def __init__(self, metrics: Any, trace: Any, version: str | None) -> None:
         meter = metrics.get_meter(NAMESPACE, version)
         self.tracer = trace.get_tracer(NAMESPACE, version)
         self.fetches = meter.create_counter(
@@ -84,12 +103,17 @@ class _Instruments:
             unit="{fetch}",
             description="Token fetches from the token endpoint, by reason and outcome",
         )
-        self.duration = meter.create_histogram(
-            f"{NAMESPACE}.token.fetch.duration",
-            unit="s",
-            description="Duration of token fetches, retries included",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
+        duration = {
+            "name": f"{NAMESPACE}.token.fetch.duration",
+            "unit": "s",
+            "description": "Duration of token fetches, retries included",
+        }
+        try:
+            self.duration = meter.create_histogram(
+                **duration, explicit_bucket_boundaries_advisory=DURATION_BUCKETS
+            )
+        except TypeError:  # opentelemetry-api before 1.23: the SDK's default buckets
+            self.duration = meter.create_histogram(**duration)
         self.renewal_failures = meter.create_counter(
             f"{NAMESPACE}.token.renewal.failures",
             unit="{renewal}",
@@ -141,10 +165,27 @@ def _get() -> _Instruments | None:
             except ImportError:
                 _absent = True
                 return None
-            from importlib.metadata import version  # not the package's: no import cycle
-
-            _instruments = _Instruments(metrics, trace, version("gql-service-auth"))
+            try:
+                _instruments = _Instruments(metrics, trace, _version())
+            except Exception:
+                # A provider that fails, or an API too old: telemetry is off for the
+                # process, and authentication goes on as if OpenTelemetry were absent.
+                _absent = True
+                _failed("setup")
     return _instruments
+
+
+def _version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version  # not the package's: no cycle
+
+    try:
+        return version("gql-service-auth")
+    except PackageNotFoundError:  # a vendored copy
+        return None
+
+
+def _failed(stage: str) -> None:
+    logger.warning("%s.telemetry_failed stage=%s", LOGGER_NAME, stage, exc_info=True)
 
 
 def current_context() -> Any:
@@ -154,7 +195,11 @@ def current_context() -> Any:
         return None
     from opentelemetry import context
 
-    return context.get_current()
+    try:
+        return context.get_current()
+    except Exception:  # a broken context implementation: the fetch gets no parent
+        _failed("context")
+        return None
 
 
 @contextlib.contextmanager
@@ -166,34 +211,51 @@ def fetch_span(reason: str, parent: Any, server: tuple[str, int | None] | None) 
     root span linked to that request, so that it does not lengthen the request's trace.
     """
     instruments = _get()
-    if instruments is None:
+    span = None
+    if instruments is not None:
+        try:
+            span, attached = _start(instruments, reason, parent, server)
+        except Exception:  # a span processor's on_start that raises, say: no span
+            _failed("span")
+    if span is None:
         yield
         return
-    from opentelemetry import trace
+    fetch = _CURRENT_FETCH.set(span)
+    try:
+        yield
+    finally:
+        _CURRENT_FETCH.reset(fetch)
+        try:
+            from opentelemetry import context
+
+            context.detach(attached)
+            span.end()
+        except Exception:  # a span processor's on_end that raises
+            _failed("span")
+
+
+def _start(
+    instruments: _Instruments, reason: str, parent: Any, server: tuple[str, int | None] | None
+) -> tuple[Any, Any]:
+    """The fetch's span, started and attached to the current context (with the token of
+    the attachment)."""
+    from opentelemetry import context, trace
 
     attributes: dict[str, Any] = {f"{NAMESPACE}.reason": reason}
     if server is not None:
         attributes["server.address"] = server[0]
         if server[1] is not None:
             attributes["server.port"] = server[1]
-    caller = trace.get_current_span(parent)
     if reason == "expiring":
-        links = [trace.Link(caller.get_span_context())]
-        links = [link for link in links if link.context.is_valid]
-        span = instruments.tracer.start_span(
-            SPAN_NAME, context=trace.set_span_in_context(trace.INVALID_SPAN), links=links
-        )
+        caller = trace.get_current_span(parent).get_span_context()
+        links = [trace.Link(caller)] if caller.is_valid else []
+        root = trace.set_span_in_context(trace.INVALID_SPAN)
+        span = instruments.tracer.start_span(SPAN_NAME, root, attributes=attributes, links=links)
     else:
-        span = instruments.tracer.start_span(SPAN_NAME, context=parent)
-    span.set_attributes(attributes)
-    token = _CURRENT_FETCH.set(span)
-    try:
-        # Current in the OpenTelemetry context too: an instrumented HTTP client's span of
-        # the token request is this one's child.
-        with trace.use_span(span, end_on_exit=True, record_exception=False):
-            yield
-    finally:
-        _CURRENT_FETCH.reset(token)
+        span = instruments.tracer.start_span(SPAN_NAME, parent, attributes=attributes)
+    # Current in the OpenTelemetry context too: an instrumented HTTP client's span of the
+    # token request is this one's child.
+    return span, context.attach(trace.set_span_in_context(span))
 
 
 def record(event: Event) -> None:
@@ -204,7 +266,22 @@ def record(event: Event) -> None:
     try:
         _record(instruments, event)
     except Exception:  # a telemetry bug must not break authentication
-        logger.exception("%s.telemetry_failed event=%s", LOGGER_NAME, event.name)
+        _failed(event.name)
+
+
+def error_type(event: Event) -> str:
+    """``error.type`` from a closed set, as OpenTelemetry's conventions ask: an RFC 6749
+    code; else the HTTP status of the answer; else an exception's class name; else
+    ``_OTHER``. A token endpoint's own words never become an attribute, since they could
+    quote a client id and would make a new series each."""
+    error = event.error
+    if error in RFC6749_ERRORS:
+        return error
+    if event.status is not None:
+        return str(event.status)
+    if error is not None and _CLASS_NAME.fullmatch(error):
+        return error
+    return "_OTHER"
 
 
 def _record(instruments: _Instruments, event: Event) -> None:
@@ -214,13 +291,13 @@ def _record(instruments: _Instruments, event: Event) -> None:
             f"{NAMESPACE}.reason": event.reason or "unknown",
             f"{NAMESPACE}.outcome": "failure" if name in _FAILED else "success",
         }
-        if event.error is not None:
-            attributes["error.type"] = event.error
+        if name in _FAILED:
+            attributes["error.type"] = error_type(event)
         instruments.fetches.add(1, attributes)
         if event.duration is not None:
             instruments.duration.record(event.duration, attributes)
         if name == "token_renewal_failed":
-            instruments.renewal_failures.add(1, {"error.type": event.error or "unknown"})
+            instruments.renewal_failures.add(1, {"error.type": error_type(event)})
     elif name == "token_loaded":
         instruments.store_loads.add(1, {f"{NAMESPACE}.reason": event.reason or "unknown"})
     elif name == "token_store_failed":
@@ -239,6 +316,8 @@ def _record(instruments: _Instruments, event: Event) -> None:
         )
         if value is not None
     }
+    if event.error is not None or event.status is not None:
+        attributes["error.type"] = error_type(event)
     if name not in _ENDS_A_FETCH:
         span.add_event(name, attributes)
         return
@@ -248,5 +327,5 @@ def _record(instruments: _Instruments, event: Event) -> None:
     if outcome == "failure":
         from opentelemetry.trace import Status, StatusCode
 
-        # The error code alone: the exception's message is the caller's to log.
-        span.set_status(Status(StatusCode.ERROR, event.error))
+        # The error type alone: the exception's message is the caller's to log.
+        span.set_status(Status(StatusCode.ERROR, error_type(event)))

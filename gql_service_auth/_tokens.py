@@ -485,8 +485,15 @@ class TokenManager:
 
     async def _fly(self, flight: Flight) -> None:
         """Fetch once, bounded in time, and publish the outcome whatever happens."""
-        with fetch_span(flight.reason, flight.trace_parent, self._server):
-            await self._fly_traced(flight)
+        try:
+            with fetch_span(flight.reason, flight.trace_parent, self._server):
+                await self._fly_traced(flight)
+        finally:
+            if not flight.future.done():  # the fetch never ran: its waiters must hear
+                error = TokenRequestError(
+                    "the token fetch failed", retryable=True, hint="Call again"
+                )
+                self._land(flight, None, error)
 
     async def _fly_traced(self, flight: Flight) -> None:
         began = time.monotonic()

@@ -11,6 +11,7 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from gql import Client
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
@@ -36,6 +37,19 @@ NO_WAIT_TWO = RetryPolicy(attempts=2, wait_initial=0, wait_max=0, wait_jitter=0)
 FETCH = "gql_service_auth.fetch_token"
 
 _installed: tuple[InMemoryMetricReader, InMemorySpanExporter] | None = None
+BREAKING = {"spans": False}  # the Breaking processor raises while this is set
+
+
+class Breaking(SpanProcessor):
+    """A span processor with a bug: its on_start and on_end raise."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if BREAKING["spans"]:
+            raise RuntimeError("span processor bug")
+
+    def on_end(self, span: Any) -> None:
+        if BREAKING["spans"]:
+            raise RuntimeError("span processor bug")
 
 
 def _install_sdk() -> tuple[InMemoryMetricReader, InMemorySpanExporter]:
@@ -47,6 +61,7 @@ def _install_sdk() -> tuple[InMemoryMetricReader, InMemorySpanExporter]:
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.add_span_processor(Breaking())
         trace.set_tracer_provider(provider)
         _installed = reader, exporter
     return _installed
@@ -367,4 +382,133 @@ def test_a_failing_recorder_does_not_break_authentication(
             await session.execute(COUNT)
 
     asyncio.run(query())
-    assert "gql_service_auth.telemetry_failed event=token_fetched" in caplog.text
+    assert "gql_service_auth.telemetry_failed stage=token_fetched" in caplog.text
+
+
+@pytest.mark.parametrize("thread", ["fetch thread", "no thread to be had"])
+def test_a_span_processor_that_raises_costs_no_token(
+    emulator: Emulator,
+    clock: ManualClock,
+    telemetry: Telemetry,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    thread: str,
+) -> None:
+    """on_start and on_end raise: the fetch runs without its span, every query gets its
+    token, and the next fetch is not stuck behind the first (on the fetch's thread, or on
+    the caller's loop when no thread can start)."""
+    if thread == "no thread to be had":
+        real_start = threading.Thread.start
+
+        def start(self: threading.Thread) -> None:
+            if self.name == "gql-service-auth-token":
+                raise RuntimeError("can't start new thread")
+            real_start(self)
+
+        monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setitem(BREAKING, "spans", True)
+
+    async def query() -> None:
+        async with Client(transport=_oauth2(emulator, clock), execute_timeout=10) as session:
+            await session.execute(COUNT)
+            emulator.revoke_tokens()
+            await session.execute(COUNT)
+
+    asyncio.run(query())
+    assert emulator.counters.token_requests == 2
+    assert "gql_service_auth.telemetry_failed stage=span" in caplog.text
+
+
+def test_a_provider_that_fails_at_set_up_turns_telemetry_off_not_authentication(
+    emulator: Emulator,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from gql_service_auth import _telemetry
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no meter for you")
+
+    monkeypatch.setattr(_telemetry, "_instruments", None)  # as in a fresh process
+    monkeypatch.setattr(_telemetry, "_absent", False)
+    monkeypatch.setattr(metrics, "get_meter", broken)
+
+    async def query() -> None:
+        async with Client(transport=_oauth2(emulator, clock)) as session:
+            await session.execute(COUNT)
+
+    asyncio.run(query())
+    assert emulator.counters.token_requests == 1
+    assert "gql_service_auth.telemetry_failed stage=setup" in caplog.text
+
+
+def test_an_api_without_histogram_advice_records_with_default_buckets(
+    emulator: Emulator, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """opentelemetry-api before 1.23 has no explicit_bucket_boundaries_advisory."""
+    from gql_service_auth import _telemetry
+
+    recorded: list[tuple[str, float]] = []
+
+    class Instrument:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def add(self, amount: float, attributes: object = None) -> None:
+            recorded.append((self.name, amount))
+
+        record = add
+
+    class OldMeter:
+        def create_counter(self, name: str, unit: str = "", description: str = "") -> Any:
+            return Instrument(name)
+
+        def create_histogram(self, name: str, unit: str = "", description: str = "") -> Any:
+            return Instrument(name)
+
+    monkeypatch.setattr(_telemetry, "_instruments", None)
+    monkeypatch.setattr(_telemetry, "_absent", False)
+    monkeypatch.setattr(metrics, "get_meter", lambda *args, **kwargs: OldMeter())
+
+    async def query() -> None:
+        async with Client(transport=_oauth2(emulator, clock)) as session:
+            await session.execute(COUNT)
+
+    asyncio.run(query())
+    assert [name for name, _ in recorded] == [
+        "gql_service_auth.token.fetches",
+        "gql_service_auth.token.fetch.duration",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (400, {"error": "invalid_client"}, "invalid_client"),
+        # A code of the server's own, quoting what it was sent: its status stands in.
+        (400, {"error": "bad_client:my-client-id"}, "400"),
+        (500, "<html>Internal Server Error</html>", "500"),
+    ],
+)
+async def test_the_error_type_is_a_code_a_status_or_a_class_never_the_servers_words(
+    emulator: Emulator,
+    clock: ManualClock,
+    telemetry: Telemetry,
+    status: int,
+    body: Any,
+    expected: str,
+) -> None:
+    emulator.fail_token_requests(1, status, body=body)
+    transport = _oauth2(emulator, clock, retry=RetryPolicy(attempts=1))
+    async with Client(transport=transport) as session:
+        with pytest.raises(TokenRequestError):
+            await session.execute(COUNT)
+    await wait_until(lambda: len(telemetry.spans()) == 1)
+    (span,) = telemetry.spans()
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == expected
+    assert span.status.description == expected
+    (attributes,) = telemetry.added_to("gql_service_auth.token.fetches")
+    assert ("error.type", expected) in attributes
+    assert "my-client-id" not in telemetry.everything()
