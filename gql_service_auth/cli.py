@@ -399,6 +399,18 @@ async def _query_step(
         report.exit_code = EXIT_REFUSED
         return exc
     except (TransportError, OSError, asyncio.TimeoutError) as exc:
+        # Python 3.10: aiohttp's timeouts raise the builtin, asyncio's wait_for its own.
+        timed_out = isinstance(exc, asyncio.TimeoutError | TimeoutError)
+        if timed_out and fetched is not None and not any(e.name in _TOKEN_EVENTS for e in fetched):
+            # --timeout ran out while the token was still being fetched: no query was sent.
+            token_url = getattr(transport, "token_url", "the token URL")
+            why = (
+                f"no token from {token_url} within {args.timeout:g} s: is {ENV_AUTH_URL} "
+                "right, and the authorization server up?"
+            )
+            report.steps.append(_Step("token", False, _ms_since(started), why))
+            report.exit_code = EXIT_UNREACHABLE
+            return exc
         why = _unreachable(exc, transport, args.timeout)
         report.steps.append(_Step(name, False, _ms_since(started), why))
         report.exit_code = EXIT_UNREACHABLE
@@ -430,7 +442,6 @@ def _unreachable(
         )
     if isinstance(exc, TransportServerError) and exc.code is not None:
         return f"{url} answered HTTP {exc.code}, not GraphQL: {exc}"
-    # Python 3.10: aiohttp's timeouts raise the builtin, asyncio's wait_for its own.
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return (
             f"no answer from {url} within {timeout:g} s: is {ENV_BASE_URL} right, and "

@@ -284,6 +284,26 @@ def test_an_api_that_never_answers_is_named_with_the_wait(
     assert "is SERVICE_BASE_URL right" in line
 
 
+def test_a_token_endpoint_that_never_answers_is_named_not_the_api(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--timeout shorter than the token fetch's own bound: the token URL is named, and no
+    query was sent, so the API's URL is not blamed."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        auth_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        environ = {**emulator.environ(), "SERVICE_AUTH_URL": auth_url}
+        command = ["check", "--method", "oauth2", "--timeout", "0.5"]
+        code, out, _ = _run(capsys, command, environ)
+    assert code == 3
+    line = _line(out, "OAuth2 token")
+    assert f"no token from {auth_url}/oauth2/token within 0.5 s" in line
+    assert "is SERVICE_AUTH_URL right" in line
+    assert "SERVICE_BASE_URL" not in out
+    assert emulator.counters.graphql_requests == 0
+
+
 @pytest.mark.parametrize("timeout", ["0", "-1", "601", "nan"])
 def test_a_timeout_out_of_bounds_is_a_usage_error(
     emulator: Emulator, capsys: pytest.CaptureFixture[str], timeout: str
