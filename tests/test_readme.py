@@ -190,15 +190,38 @@ def _anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_every_relative_link_resolves() -> None:
-    """Links to files work in a clone and in the sdist (whose make test runs this too)."""
+REPOSITORY = "https://github.com/gql-service-auth/gql-service-auth/"
+
+
+def test_every_link_to_the_project_resolves_and_works_on_pypi() -> None:
+    """The README is also the package's page on PyPI, which resolves no relative link: links
+    to the project's files are absolute, and each names a file of this clone (and of the
+    sdist, whose make test runs this too)."""
     text = README.read_text(encoding="utf-8")
     anchors = {_anchor(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
-    targets = [m["target"] for m in LINK.finditer(text) if "://" not in m["target"]]
-    assert targets, "the README links to files of the project"
+    targets = [m["target"] for m in LINK.finditer(text)]
+    relative = [t for t in targets if "://" not in t and not t.startswith("#")]
+    assert relative == [], "relative links are dead on PyPI"
+    files = (REPOSITORY + "blob/main/", REPOSITORY + "tree/main/")
+    ours = [t for t in targets if t.startswith(files)]
+    assert len(ours) >= 10, "the README links into the documentation"
+    for target in ours:
+        path = target.removeprefix(REPOSITORY)[len("blob/main/") :]
+        assert (ROOT / path.partition("#")[0]).exists(), f"{target} is missing"
     for target in targets:
-        path, _, fragment = target.partition("#")
-        if path:
-            assert (README.parent / path).exists(), f"{target} is missing"
-        else:
-            assert fragment in anchors, f"no heading for {target}"
+        if target.startswith("#"):
+            assert target[1:] in anchors, f"no heading for {target}"
+
+
+def test_the_version_has_a_dated_changelog_section_and_the_install_lines_name_its_wheel() -> None:
+    """A release bumps pyproject.toml; the CHANGELOG and the pasted wheel names follow."""
+    # Not tomllib, which Python 3.10 lacks: the [project] table's version line.
+    project = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    version = re.search(r'^version = "([^"]+)"$', project, re.M)[1]  # type: ignore[index]
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M)
+    wheel = f"gql_service_auth-{version}-py3-none-any.whl"
+    for page in (README, ROOT / "docs" / "getting-started.md"):
+        names = re.findall(r"gql_service_auth-[\w.]+-py3-none-any\.whl", page.read_text())
+        assert names, f"{page.name} names no wheel"
+        assert set(names) == {wheel}, page.name
