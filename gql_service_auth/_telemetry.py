@@ -98,10 +98,14 @@ class _Instruments:
     def __init__(self, metrics: Any, trace: Any, version: str | None) -> None:
         meter = metrics.get_meter(NAMESPACE, version)
         self.tracer = trace.get_tracer(NAMESPACE, version)
-        self.fetches = meter.create_counter(
-            f"{NAMESPACE}.token.fetches",
-            unit="{fetch}",
-            description="Token fetches from the token endpoint, by reason and outcome",
+
+        def counter(name: str, unit: str, description: str) -> Any:
+            return meter.create_counter(f"{NAMESPACE}.{name}", unit=unit, description=description)
+
+        self.fetches = counter(
+            "token.fetches",
+            "{fetch}",
+            "Token fetches from the token endpoint, by reason and outcome",
         )
         duration = {
             "name": f"{NAMESPACE}.token.fetch.duration",
@@ -114,30 +118,28 @@ class _Instruments:
             )
         except TypeError:  # opentelemetry-api before 1.23: the SDK's default buckets
             self.duration = meter.create_histogram(**duration)
-        self.renewal_failures = meter.create_counter(
-            f"{NAMESPACE}.token.renewal.failures",
-            unit="{renewal}",
-            description="Renewals ahead of expiry that failed (the token in use stays in use)",
+        self.renewal_failures = counter(
+            "token.renewal.failures",
+            "{renewal}",
+            "Renewals ahead of expiry that failed (the token in use stays in use)",
         )
-        self.refusals = meter.create_counter(
-            f"{NAMESPACE}.token.refusals",
-            unit="{token}",
-            description="Tokens the API refused (UNAUTHENTICATED), which were dropped",
+        self.refusals = counter(
+            "token.refusals",
+            "{token}",
+            "Tokens the API refused (UNAUTHENTICATED), which were dropped",
         )
-        self.resends = meter.create_counter(
-            f"{NAMESPACE}.request.resends",
-            unit="{request}",
-            description="Refused GraphQL requests sent again with a renewed token",
+        self.resends = counter(
+            "request.resends",
+            "{request}",
+            "Refused GraphQL requests sent again with a renewed token",
         )
-        self.store_loads = meter.create_counter(
-            f"{NAMESPACE}.store.loads",
-            unit="{token}",
-            description="Tokens read from the shared token store instead of fetched",
+        self.store_loads = counter(
+            "store.loads", "{token}", "Tokens read from the shared token store instead of fetched"
         )
-        self.store_failures = meter.create_counter(
-            f"{NAMESPACE}.store.failures",
-            unit="{failure}",
-            description="Failures of the shared token store (the process fetches itself)",
+        self.store_failures = counter(
+            "store.failures",
+            "{failure}",
+            "Failures of the shared token store (the process fetches itself)",
         )
 
 

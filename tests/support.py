@@ -88,6 +88,20 @@ async def hold_token_fetch(
     emulator.token_latency = 0.1
 
 
+def no_fetch_thread(monkeypatch: Any) -> Callable[[threading.Thread], None]:
+    """Make the token fetch's thread fail to start, as under a pids limit or at shutdown,
+    for the rest of the test; returns the real ``Thread.start``, to undo it earlier."""
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "gql-service-auth-token":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return real_start
+
+
 @contextlib.contextmanager
 def closed_port() -> Iterator[int]:
     """A port on 127.0.0.1 where connections are refused, for as long as the block runs.

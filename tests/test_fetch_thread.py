@@ -25,6 +25,7 @@ from support import (
     Outcome,
     collect_garbage,
     finish,
+    no_fetch_thread,
     poll,
     start_thread,
     sync_execute,
@@ -145,14 +146,7 @@ def test_a_fetch_falls_back_to_the_callers_loop_when_no_thread_can_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No thread to be had (pids limit, shutdown): the fetch runs on the caller's loop."""
-    real_start = threading.Thread.start
-
-    def start(thread: threading.Thread) -> None:
-        if thread.name == "gql-service-auth-token":
-            raise RuntimeError("can't start new thread")
-        real_start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
+    real_start = no_fetch_thread(monkeypatch)
     transport = make_oauth2()
     assert sync_execute(transport, 5) == ANSWER
     emulator.revoke_tokens()

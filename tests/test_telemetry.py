@@ -11,7 +11,6 @@ import asyncio
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
-from support import COUNT, NO_WAIT, wait_until
+from support import COUNT, NO_WAIT, no_fetch_thread, wait_until
 
 from gql_service_auth import OAuth2Transport, RetryPolicy, TokenRequestError
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -398,14 +397,7 @@ def test_a_span_processor_that_raises_costs_no_token(
     token, and the next fetch is not stuck behind the first (on the fetch's thread, or on
     the caller's loop when no thread can start)."""
     if thread == "no thread to be had":
-        real_start = threading.Thread.start
-
-        def start(self: threading.Thread) -> None:
-            if self.name == "gql-service-auth-token":
-                raise RuntimeError("can't start new thread")
-            real_start(self)
-
-        monkeypatch.setattr(threading.Thread, "start", start)
+        no_fetch_thread(monkeypatch)
     monkeypatch.setitem(BREAKING, "spans", True)
 
     async def query() -> None:
