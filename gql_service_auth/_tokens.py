@@ -145,8 +145,7 @@ class TokenManager:
     def __repr__(self) -> str:
         return f"<TokenManager generation={self._generation}>"
 
-    # A transport is copied (pickle, copy.deepcopy) with its settings, not with its token,
-    # flights or locks: the copy starts cold, as a new transport would.
+    # Copied (pickle, deepcopy) with its settings, no token, flight or lock: it starts cold.
     def __getstate__(self) -> dict[str, Any]:
         return {name: self.__dict__[name] for name in _SETTINGS}
 
@@ -490,16 +489,12 @@ class TokenManager:
                 await self._fly_traced(flight)
         finally:
             if not flight.future.done():  # the fetch never ran: its waiters must hear
-                error = TokenRequestError(
-                    "the token fetch failed", retryable=True, hint="Call again"
-                )
-                self._land(flight, None, error)
+                self._land(flight, None, None)
 
     async def _fly_traced(self, flight: Flight) -> None:
         began = time.monotonic()
         origin: Origin | None = None  # set for a token read from a shared store
-        # The same deadline with a shared store or without: waiting for another process's
-        # fetch counts as fetching.
+        # One deadline, shared store or not: waiting on another process's fetch is fetching.
         limit = self._fetch_timeout
         try:
             started = self._clock()
