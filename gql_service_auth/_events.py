@@ -164,6 +164,12 @@ def _log(event: AuthEvent) -> None:
     )
 
 
+def _publish(event: AuthEvent) -> None:
+    """Once per event, whatever the number of hooks: the log record and the telemetry."""
+    _log(event)
+    _telemetry.record(event)
+
+
 class Emitter:
     """Logs each event under its stable name and passes it to the user's hook."""
 
@@ -173,8 +179,7 @@ class Emitter:
         self._hook = hook
 
     def __call__(self, event: AuthEvent) -> None:
-        _log(event)
-        _telemetry.record(event)
+        _publish(event)
         self.notify(event)
 
     def notify(self, event: AuthEvent) -> None:
@@ -213,8 +218,7 @@ class Subscribers:
             self._emitters.add(emitter)
 
     def __call__(self, event: AuthEvent) -> None:
-        _log(event)
-        _telemetry.record(event)
+        _publish(event)
         with self._lock:
             emitters = list(self._emitters)
         for emitter in emitters:

@@ -7,9 +7,10 @@ The adapter brings what is its own: how the token request is posted (a
 from __future__ import annotations
 
 import time
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from yarl import URL
 
 from ._config import check_seconds, endpoint_or_env, given_or_env
 from ._constants import (
@@ -223,8 +224,5 @@ def oauth2_env(
 
 def _host_and_port(url: object) -> tuple[str, int | None] | None:
     """The token endpoint's host and port, as a span shows them (never its path or query)."""
-    parts = urllib.parse.urlsplit(str(url))
-    try:
-        return (parts.hostname, parts.port) if parts.hostname else None
-    except ValueError:  # a port out of range was refused earlier; be safe anyway
-        return None
+    parsed = URL(str(url))
+    return (parsed.host, parsed.port) if parsed.host else None

@@ -71,9 +71,9 @@ _CLASS_NAME: Final = re.compile(r"[A-Z][A-Za-z0-9]{0,62}(?:Error|Exception|Timeo
 _FAILED: Final = frozenset({"token_request_failed", "token_renewal_failed"})
 _ENDS_A_FETCH: Final = _FAILED | {"token_fetched", "token_loaded"}
 
-# An event's fields as attributes: the standard names where OpenTelemetry has one.
+# An event's fields as span attributes (the span has the reason from its start): the
+# standard names where OpenTelemetry has one.
 _ATTRIBUTE_NAMES: Final = {
-    "reason": f"{NAMESPACE}.reason",
     "attempt": f"{NAMESPACE}.attempt",
     "max_attempts": f"{NAMESPACE}.max_attempts",
     "wait": f"{NAMESPACE}.wait",
@@ -312,11 +312,9 @@ def _record(instruments: _Instruments, event: Event) -> None:
     if span is None:
         return
     attributes = {
-        _ATTRIBUTE_NAMES[field]: value
-        for field, value in (
-            (field, getattr(event, field)) for field in _ATTRIBUTE_NAMES if field != "reason"
-        )
-        if value is not None
+        attribute: value
+        for field, attribute in _ATTRIBUTE_NAMES.items()
+        if (value := getattr(event, field)) is not None
     }
     if event.error is not None or event.status is not None:
         attributes["error.type"] = error_type(event)
