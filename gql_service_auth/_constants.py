@@ -34,6 +34,14 @@ other processes of the host (:class:`~gql_service_auth.local.LocalTokenStore`, t
 the ``[redis]`` extra).
 """
 
+ENV_TOKEN_STORE_TIMEOUT: Final = "SERVICE_TOKEN_STORE_TIMEOUT"
+"""Environment variable, optional: seconds each call of the ``SERVICE_TOKEN_STORE_URL``
+store may take (the stores' ``timeout=``; ``STORE_TIMEOUT`` when unset).
+
+Past it the process fetches its token itself, so on a busy host, or with a Redis far away,
+a budget too short for the calls costs a token request each time it runs out.
+"""
+
 GRAPHQL_PATH: Final = "/graphql"
 """Path of the GraphQL endpoint under ``{base_url}``."""
 

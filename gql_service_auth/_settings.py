@@ -18,9 +18,11 @@ from ._constants import (
     ENV_BASE_URL,
     ENV_CLIENT_ID,
     ENV_CLIENT_SECRET,
+    ENV_TOKEN_STORE_TIMEOUT,
     ENV_TOKEN_STORE_URL,
     FETCH_GRACE,
     GRAPHQL_PATH,
+    STORE_TIMEOUT,
     TOKEN_PATH,
 )
 from ._credentials import ClientCredentials
@@ -70,19 +72,33 @@ def store_from_env(environ: Mapping[str, str]) -> TokenStore | None:
     url = environ.get(ENV_TOKEN_STORE_URL, "").strip()
     if not url:
         return None
+    timeout = _store_timeout(environ)
     # Imported only here: each extra's module is the one place that needs its dependency.
     if url.startswith("file://"):
         from .local import shared_store as local_store
 
-        return local_store(url)
+        return local_store(url, timeout=timeout)
     if url.startswith(("redis://", "rediss://", "unix://")):
         from .redis import shared_store
 
-        return shared_store(url)
+        return shared_store(url, timeout=timeout)
     raise ConfigurationError(
         f"{ENV_TOKEN_STORE_URL} must be a file:///absolute/directory URL (a store on this "
         "host) or a redis://, rediss:// or unix:// URL (Redis)"
     )
+
+
+def _store_timeout(environ: Mapping[str, str]) -> float:
+    """``SERVICE_TOKEN_STORE_TIMEOUT`` in seconds, or the stores' default when unset."""
+    text = environ.get(ENV_TOKEN_STORE_TIMEOUT, "").strip()
+    if not text:
+        return STORE_TIMEOUT
+    try:
+        seconds: object = float(text)
+    except ValueError:
+        seconds = text
+    check_seconds(ENV_TOKEN_STORE_TIMEOUT, seconds, positive=True)
+    return float(text)
 
 
 def joined_scope(scope: str | Sequence[str] | None) -> str | None:

@@ -243,30 +243,32 @@ _S = TypeVar("_S")
 
 
 class StoresByUrl(Generic[_S]):
-    """The process's one store per URL, for ``from_env()``: transports built one per job
-    share it, rather than each opening a store. One that was closed is replaced.
+    """The process's one store per URL and timeout, for ``from_env()``: transports built
+    one per job share it, rather than each opening a store. One that was closed is replaced.
 
     Args:
-        open_store: Opens the store of a URL (and marks it as the shared one).
+        open_store: Opens the store of a URL with a timeout (and marks it as the shared one).
         closed: Whether a store was closed.
     """
 
-    def __init__(self, open_store: Callable[[str], _S], closed: Callable[[_S], bool]) -> None:
+    def __init__(
+        self, open_store: Callable[[str, float], _S], closed: Callable[[_S], bool]
+    ) -> None:
         self._open = open_store
         self._closed = closed
-        self._by_url: dict[str, _S] = {}
+        self._by_url: dict[tuple[str, float], _S] = {}
         self._lock = threading.Lock()
         _fork.reset_in_child(self)
 
     def __repr__(self) -> str:
         return f"<shared stores: {len(self._by_url)}>"  # the URLs may hold passwords
 
-    def get(self, url: str) -> _S:
-        """The store of ``url``, opened on first use."""
+    def get(self, url: str, timeout: float) -> _S:
+        """The store of ``url`` whose calls may take ``timeout`` seconds, opened on first use."""
         with self._lock:
-            store = self._by_url.get(url)
+            store = self._by_url.get((url, timeout))
             if store is None or self._closed(store):
-                store = self._by_url[url] = self._open(url)
+                store = self._by_url[url, timeout] = self._open(url, timeout)
             return store
 
     def _after_fork_in_child(self) -> None:

@@ -235,7 +235,7 @@ class LocalTokenStore(StoreOnItsThread):
 
     def __reduce__(self) -> tuple[Callable[..., LocalTokenStore], tuple[Any, ...]]:
         if self._shared_url is not None:
-            return shared_store, (self._shared_url,)
+            return _shared_again, (self._shared_url, self._timeout)
         return _restore, (self._directory, self._store_key.value, self._timeout, self._cooldown)
 
     async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -364,8 +364,8 @@ def _restore(
     return LocalTokenStore(directory, store_key=store_key, timeout=timeout, cooldown=cooldown)
 
 
-def _open_shared(url: str) -> LocalTokenStore:
-    store = LocalTokenStore.from_url(url)
+def _open_shared(url: str, timeout: float) -> LocalTokenStore:
+    store = LocalTokenStore.from_url(url, timeout=timeout)
     store._shared_url = url
     return store
 
@@ -373,8 +373,14 @@ def _open_shared(url: str) -> LocalTokenStore:
 _SHARED = StoresByUrl(_open_shared, lambda store: store.closed)
 
 
-def shared_store(url: str) -> LocalTokenStore:
-    """The process's one store for the ``file://`` ``url``, opened on first use.
+def _shared_again(url: str, timeout: float) -> LocalTokenStore:
+    """Unpickled, a shared store is the process's shared store of that URL and timeout."""
+    return shared_store(url, timeout=timeout)
+
+
+def shared_store(url: str, *, timeout: float = STORE_TIMEOUT) -> LocalTokenStore:
+    """The process's one store for the ``file://`` ``url`` and ``timeout``, opened on
+    first use.
 
     ``from_env()``'s: transports built one per job share it, rather than each opening a
     database and a thread. One that was closed is replaced. A forked child keeps it: the
@@ -384,4 +390,4 @@ def shared_store(url: str) -> LocalTokenStore:
         ConfigurationError: ``url`` is no ``file://`` URL of an absolute path.
     """
     # Keyed by the directory: file:///a/b/, file://localhost/a/b and file:///a//b are one.
-    return _SHARED.get(Path(_directory_of(url)).as_uri())
+    return _SHARED.get(Path(_directory_of(url)).as_uri(), timeout)

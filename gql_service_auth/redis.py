@@ -223,7 +223,7 @@ class RedisTokenStore(StoreOnItsThread):
     def __reduce__(self) -> tuple[Callable[..., RedisTokenStore], tuple[Any, ...]]:
         if self._shared_url is not None:
             # from_env()'s: unpickled, it is the process's shared store for the same URL.
-            return shared_store, (self._shared_url.value,)
+            return _shared_again, (self._shared_url.value, self._timeout)
         if self._recipe is None:
             raise TypeError(
                 "a RedisTokenStore built on a client cannot be pickled: build it with "
@@ -450,8 +450,8 @@ def _call_limit(client: _Client) -> int:
     return _MAX_CALLS
 
 
-def _open_shared(url: str) -> RedisTokenStore:
-    store = RedisTokenStore.from_url(url)
+def _open_shared(url: str, timeout: float) -> RedisTokenStore:
+    store = RedisTokenStore.from_url(url, timeout=timeout)
     store._shared_url = _Hidden(url)
     return store
 
@@ -459,14 +459,20 @@ def _open_shared(url: str) -> RedisTokenStore:
 _SHARED = StoresByUrl(_open_shared, lambda store: store.closed)
 
 
-def shared_store(url: str) -> RedisTokenStore:
-    """The process's one store for ``url``, opened on first use (``from_env()``'s).
+def _shared_again(url: str, timeout: float) -> RedisTokenStore:
+    """Unpickled, a shared store is the process's shared store of that URL and timeout."""
+    return shared_store(url, timeout=timeout)
+
+
+def shared_store(url: str, *, timeout: float = STORE_TIMEOUT) -> RedisTokenStore:
+    """The process's one store for ``url`` and ``timeout``, opened on first use
+    (``from_env()``'s).
 
     Transports built one per job share it, rather than each opening a connection and a
     thread. One that was closed is replaced. A forked child keeps it: the store resets
     itself there. Closed at exit, as every store is.
     """
-    return _SHARED.get(url)
+    return _SHARED.get(url, timeout)
 
 
 def _fresh_copy(client: _Client) -> _Client:
