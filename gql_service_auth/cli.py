@@ -217,7 +217,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Show the whole story against the embedded emulator (about 10 s).",
     )
     demo.add_argument(
-        "--token-ttl", type=float, default=2.0, help="token lifetime in seconds (default: 2)"
+        "--token-ttl",
+        type=float,
+        default=2.0,
+        help="lifetime in seconds of the tokens once the demo revokes the first (default: 2)",
     )
     return parser
 
