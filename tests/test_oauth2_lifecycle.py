@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 from gql import Client
-from support import CARRIERS, COUNT, renewed, wait_until
+from support import CARRIERS, COUNT, HANG_GUARD, renewed, wait_until
 
 from gql_service_auth import AuthEvent, OAuth2Transport
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -31,7 +31,9 @@ async def test_thousand_concurrent_queries_share_one_token_request(
 ) -> None:
     """1,000 concurrent queries on an empty cache cause exactly one token request."""
     emulator.token_latency = 0.05  # keep the fetch in flight while all callers pile up
-    async with Client(transport=make_oauth2()) as session:
+    # gql's 10 s execute_timeout covers the wait in the connection pool's queue: the last
+    # of 1,000 waits for 999, which on a loaded machine can take longer.
+    async with Client(transport=make_oauth2(), execute_timeout=HANG_GUARD) as session:
         results = await asyncio.gather(*(session.execute(COUNT) for _ in range(1000)))
     assert all(r["carriers"]["totalCount"] == 25 for r in results)
     assert emulator.counters.token_requests == 1
@@ -42,7 +44,7 @@ async def test_thousand_concurrent_queries_after_expiry_renew_once(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
     """After the token expired, 1,000 concurrent queries cause exactly one renewal."""
-    async with Client(transport=make_oauth2()) as session:
+    async with Client(transport=make_oauth2(), execute_timeout=HANG_GUARD) as session:
         await session.execute(COUNT)
         clock.advance(emulator.token_ttl + 1)
         emulator.token_latency = 0.05

@@ -22,6 +22,7 @@ from gql import Client
 from support import (
     COUNT,
     execute_on_threads,
+    quiet,
     renewed,
     upload,
     wait_until,
@@ -303,7 +304,7 @@ def test_a_program_that_exits_mid_renewal_exits_cleanly(emulator: Emulator) -> N
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "done\n"
-    assert done.stderr == ""
+    assert quiet(done.stderr) == ""  # dev mode's notes of slow steps are the machine's
 
 
 async def test_an_upload_goes_out_with_the_current_token_when_renewal_fails(
@@ -537,15 +538,20 @@ def test_execute_timeout_while_background_renewal_runs(
 ) -> None:
     """An upload waiting on a background renewal is cut by execute_timeout; others go on."""
     transport = make_oauth2()
-    client = Client(transport=transport, execute_timeout=0.2)
+    client = Client(transport=transport, execute_timeout=3)
     on_a_thread(lambda: client.execute(COUNT))
     clock.advance(TTL - MARGIN + 1)
-    emulator.token_latency = 1.0
-    on_a_thread(lambda: client.execute(COUNT))  # starts it
-    # The builtin: gql's execute_timeout raises it, which on 3.10 asyncio's is not.
-    with pytest.raises(TimeoutError):
-        on_a_thread(lambda: client.execute(upload(b"x"), upload_files=True))
-    on_a_thread(lambda: client.execute(COUNT))  # still the current token, at once
+    # The renewal is held until the test lets it go: whatever waits for it times out,
+    # whatever does not answers, however slow the machine.
+    emulator.freeze_token_endpoint(120)
+    try:
+        on_a_thread(lambda: client.execute(COUNT))  # starts it
+        # The builtin: gql's execute_timeout raises it, which on 3.10 asyncio's is not.
+        with pytest.raises(TimeoutError):
+            on_a_thread(lambda: client.execute(upload(b"x"), upload_files=True))
+        on_a_thread(lambda: client.execute(COUNT))  # still the current token, no wait
+    finally:
+        emulator.freeze_token_endpoint(0)
     asyncio.run(wait_until(renewed(transport, 2)))
     assert emulator.counters.token_requests == 2
 

@@ -30,6 +30,7 @@ from support import (
     COUNT,
     KINDS,
     ONE_ATTEMPT,
+    SLOW_MACHINE,
     TICKS,
     build_transport,
     closed_port,
@@ -936,7 +937,9 @@ async def test_no_secret_in_the_error_when_redis_and_the_token_endpoint_fail(
     live_emulator.fail_token_requests(1, 401, body={"error": "invalid_client"})
     events: list[AuthEvent] = []
     client = live_emulator.recent_client
-    with RedisTokenStore.from_url(url_of(redis_server.port), store_key=STORE_KEY) as store:
+    with RedisTokenStore.from_url(
+        url_of(redis_server.port), store_key=STORE_KEY, timeout=SLOW_MACHINE
+    ) as store:
         transport = with_store(live_emulator, store, events)
         with pytest.raises(TokenRequestError) as info:
             await query(transport)

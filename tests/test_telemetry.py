@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
-from support import COUNT, NO_WAIT, no_fetch_thread, wait_until
+from support import COUNT, NO_WAIT, SLOW_MACHINE, no_fetch_thread, wait_until
 
 from gql_service_auth import OAuth2Transport, RetryPolicy, TokenRequestError
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -283,7 +283,7 @@ async def test_a_renewal_ahead_of_expiry_is_a_root_span_linked_to_the_request(
 async def test_a_token_read_from_the_store_counts_a_load_not_a_fetch(
     emulator: Emulator, clock: ManualClock, telemetry: Telemetry, tmp_path: Path
 ) -> None:
-    with LocalTokenStore(tmp_path / "store") as store:
+    with LocalTokenStore(tmp_path / "store", timeout=SLOW_MACHINE) as store:
         for _ in range(2):  # two transports not sharing in the process: the second loads
             transport = _oauth2(emulator, clock, token_store=store, share_tokens=False)
             async with Client(transport=transport) as session:

@@ -17,6 +17,7 @@ from gql import Client
 from redis_server import RedisServer
 from support import (
     COUNT,
+    SLOW_MACHINE,
     query,
     with_store,
 )
@@ -61,7 +62,7 @@ def test_threads_on_two_transports_cold_cache(
     """24 threads on two transports, cold cache, slow or quick endpoint: one token request."""
     live_emulator.token_latency = latency
     events: list[AuthEvent] = []
-    with RedisTokenStore.from_url(redis_server.url) as store:
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
         transports = [with_store(live_emulator, store, events) for _ in range(2)]
         errors = sync_on_threads(transports, 12)
     print(errors, live_emulator.counters.token_requests, [e.name for e in events])
@@ -76,7 +77,7 @@ async def test_coroutines_on_many_transports_after_revocation(
     """8 transports x 30 queries; revoke; again: one fetch each time, no failure."""
     live_emulator.token_latency = 0.2
     events: list[AuthEvent] = []
-    with RedisTokenStore.from_url(redis_server.url) as store:
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
         transports = [with_store(live_emulator, store, events) for _ in range(8)]
         await asyncio.wait_for(asyncio.gather(*(query(t, 30) for t in transports)), 30)
         assert live_emulator.counters.token_requests == 1
@@ -100,7 +101,7 @@ async def test_waiters_share_the_outcome_of_the_holders_fetch(
     live_emulator.token_latency = 0.3
     live_emulator.fail_token_requests(count, status)
     events: list[AuthEvent] = []
-    with RedisTokenStore.from_url(redis_server.url) as store:
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
         holder = with_store(live_emulator, store, events)
         waiters = [with_store(live_emulator, store, events) for _ in range(4)]
 

