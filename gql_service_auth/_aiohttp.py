@@ -7,7 +7,8 @@ the requests of one credential, and what a forked child does with its parent's c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,6 +41,31 @@ _C = TypeVar("_C")
 _UPLOAD_FILES: ContextVar[tuple[object, dict[str, FileVar]] | None] = ContextVar(
     "gql_service_auth_upload_files", default=None
 )
+
+
+# Whether the answer gql read in this context came back through a redirect: gql's execute
+# returns the answer, not the response, and it reads every answer through
+# _get_json_result, in the caller's own context.
+_REDIRECTS: ContextVar[list[bool] | None] = ContextVar("gql_service_auth_redirects", default=None)
+
+
+@contextlib.contextmanager
+def watching_redirects() -> Iterator[list[bool]]:
+    """A list that :func:`note_redirect` fills while the block sends a request: non-empty
+    when its answer came back through a redirect."""
+    seen: list[bool] = []
+    reset = _REDIRECTS.set(seen)
+    try:
+        yield seen
+    finally:
+        _REDIRECTS.reset(reset)
+
+
+def note_redirect(response: aiohttp.ClientResponse) -> None:
+    """Note, for :func:`watching_redirects`, that ``response`` came through a redirect."""
+    seen = _REDIRECTS.get()
+    if response.history and seen is not None:
+        seen.append(True)
 
 
 def with_authorization(extra_args: Mapping[str, Any] | None, authorization: str) -> dict[str, Any]:

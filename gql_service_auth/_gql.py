@@ -155,20 +155,27 @@ def bare_401(exc: TransportError, secrets: Sequence[str]) -> Bare401:
     raise exc
 
 
-def sent(raw: ExecutionResult | Bare401) -> Sent[ExecutionResult | Bare401]:
-    """A single request's answer, read for the decision."""
+def sent(
+    raw: ExecutionResult | Bare401, *, redirected: bool = False
+) -> Sent[ExecutionResult | Bare401]:
+    """A single request's answer, read for the decision; ``redirected``: it came back
+    through a redirect (see :mod:`gql_service_auth._refusal`, rule 5)."""
     if isinstance(raw, Bare401):
-        return Sent(BARE_401, raw)
-    return Sent(Answer.of_results(((raw.errors, raw.data),)), raw)
+        return Sent(_through(BARE_401, redirected), raw)
+    return Sent(_through(Answer.of_results(((raw.errors, raw.data),)), redirected), raw)
 
 
 def sent_batch(
-    raw: list[ExecutionResult] | Bare401,
+    raw: list[ExecutionResult] | Bare401, *, redirected: bool = False
 ) -> Sent[list[ExecutionResult] | Bare401]:
-    """A batch's answer, read for the decision."""
+    """A batch's answer, read for the decision (``redirected`` as for :func:`sent`)."""
     if isinstance(raw, Bare401):
-        return Sent(BARE_401, raw)
-    return Sent(Answer.of_results((r.errors, r.data) for r in raw), raw)
+        return Sent(_through(BARE_401, redirected), raw)
+    return Sent(_through(Answer.of_results((r.errors, r.data) for r in raw), redirected), raw)
+
+
+def _through(answer: Answer, redirected: bool) -> Answer:
+    return replace(answer, redirected=True) if redirected else answer
 
 
 _HTTPErrorT = TypeVar("_HTTPErrorT", bound=UnauthenticatedHTTPError)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Generator
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +115,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         if answer is None:
             rules.tokens.confirm(token)
             return
+        request, replayable = _refused(response, request, replayable)
         flow = _flow(rules, request, replayable, min_ttl, token, Sent(answer, response))
         reply: object = None
         while True:
@@ -126,7 +128,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
                 _sign(request, command.token)
                 response = yield request
                 body = response.read() if _reads(response, request, command.token) else None
-                reply = Sent(answer_of(response.status_code, body) or NOT_REFUSED, response)
+                reply = _reply(response, request, command.token, body)
             elif isinstance(command, NeedToken):
                 reply = _signal_or(rules.tokens.get_blocking, command)
             else:
@@ -150,6 +152,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         if answer is None:
             rules.tokens.confirm(token)
             return
+        request, replayable = _refused(response, request, replayable)
         flow = _flow(rules, request, replayable, min_ttl, token, Sent(answer, response))
         reply: object = None
         while True:
@@ -163,7 +166,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
                 response = yield request
                 reads = _reads(response, request, command.token)
                 body = await response.aread() if reads else None
-                reply = Sent(answer_of(response.status_code, body) or NOT_REFUSED, response)
+                reply = _reply(response, request, command.token, body)
             elif isinstance(command, NeedToken):
                 try:
                     reply = await _get(rules, command.min_ttl, command.newer_than)
@@ -192,6 +195,33 @@ def _ours(response: Response, request: Request, token: AccessToken) -> bool:
     sent = response.request
     # Without a redirect, httpx answers the very request signed: no header to look up.
     return sent is request or bool(sent.headers.get("Authorization") == token.authorization)
+
+
+def _refused(response: Response, request: Request, replayable: bool) -> tuple[Request, bool]:
+    """The request a refusal answers, and whether its body can be sent twice.
+
+    After a redirect, httpx's answer is that of the request the redirect led to: the
+    request sent was answered with the redirect, so it ran and never goes again (rule 5 of
+    :mod:`gql_service_auth._refusal`). The refused one is judged, and re-sent, alone.
+    """
+    refused = response.request
+    if refused is request:
+        return request, replayable
+    return refused, _replayable(refused)
+
+
+def _reply(
+    response: Response, request: Request, token: AccessToken, body: bytes | None
+) -> Sent[Response]:
+    """A re-send's answer for the flow. One from another origin (a redirect httpx followed
+    without our header) refuses nothing of ``token``; one that came back through another
+    redirect answers another request, and ends the flow if it refuses (rule 5)."""
+    if not _ours(response, request, token):
+        return Sent(NOT_REFUSED, response)
+    answer = answer_of(response.status_code, body) or NOT_REFUSED
+    if answer.refused and response.request is not request:
+        answer = replace(answer, redirected=True)
+    return Sent(answer, response)
 
 
 def _reads(response: Response, request: Request, token: AccessToken) -> bool:
@@ -283,7 +313,8 @@ def _facts(request: Request, replayable: bool) -> RequestFacts:
     """The request's facts, from the JSON it sent or a multipart's ``operations`` part."""
     stream = request.stream
     if isinstance(stream, _BYTE_STREAMS):
-        return facts_of(request.content, replayable=replayable)
+        # read(): a request httpx built for a redirect holds the stream, not the content.
+        return facts_of(request.read(), replayable=replayable)
     for part in getattr(stream, "fields", ()):
         if getattr(part, "name", None) == "operations" and not hasattr(part, "file"):
             return facts_of(getattr(part, "value", None), replayable=replayable)

@@ -17,6 +17,10 @@ The rules, from the service's contract (``UNAUTHENTICATED`` in ``extensions.code
    it to start the operation), so the token manager drops such a token only once.
 4. A request that carried the caller's own ``Authorization`` was refused for that
    header: our token is neither dropped nor renewed, and the request not sent again.
+5. A refusal that came back through a redirect is not the answer to the request sent:
+   the server answered that one with the redirect, so it ran, and it never goes again.
+   The refusal is the answer to the request the redirect led to, which an adapter that
+   can send that request alone (requests, httpx) judges as a request of its own.
 """
 
 from __future__ import annotations
@@ -95,6 +99,8 @@ class Answer:
         ran: Some error was raised while an operation ran (it has a ``path``).
         data: Some result carries ``data``.
         bare_401: An HTTP 401 without a GraphQL body: refused before anything ran.
+        redirected: It came back through a redirect: it answers the request the
+            redirect led to, not the request sent, which the server answered (rule 5).
     """
 
     parts: int
@@ -102,6 +108,7 @@ class Answer:
     ran: bool
     data: bool
     bare_401: bool = False
+    redirected: bool = False
 
     @classmethod
     def of_results(cls, results: Iterable[tuple[object, object]]) -> Answer:
@@ -194,6 +201,8 @@ def judge(request: RequestFacts, answer: Answer) -> Verdict:
             Action.FAIL, TokenFate.KEEP, "it carried the caller's own Authorization header"
         )
     fate = TokenFate.DROP_ONCE if answer.ran else TokenFate.DROP
+    if answer.redirected:
+        return Verdict(Action.FAIL, fate, REDIRECTED)
     if request.batch:
         if answer.bare_401:
             return Verdict(Action.RESEND, fate)
@@ -222,6 +231,12 @@ def judge(request: RequestFacts, answer: Answer) -> Verdict:
 
 
 # The messages of the errors that end a refused request, for every stack.
+
+REDIRECTED: Final = (
+    "the service answered it with a redirect, so it ran; the refusal came from the "
+    "request the redirect led to"
+)
+"""Why a request whose answer was a redirect is not sent again (rule 5)."""
 
 REFUSED_AGAIN_WHILE_RUNNING: Final = (
     "the service refused it while it ran, with a token already renewed for that very "

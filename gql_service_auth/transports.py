@@ -22,6 +22,7 @@ from http.cookies import BaseCookie, Morsel  # noqa: F401
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from aiohttp import ClientResponse
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
 from gql.graphql_request import GraphQLRequest
@@ -29,7 +30,13 @@ from gql.transport.exceptions import TransportError
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._aiohttp import AuthenticatingTransport, transport_error, with_authorization
+from ._aiohttp import (
+    AuthenticatingTransport,
+    note_redirect,
+    transport_error,
+    watching_redirects,
+    with_authorization,
+)
 from ._aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
 from ._aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
 from ._config import check_url
@@ -468,8 +475,10 @@ class OAuth2Transport(AuthenticatingTransport):
             # token. No await comes before gql serialises the request, so the caller's
             # object is what was taken.
             posting = self._post(request, extra_args, upload_files, token, _bearer_header)
+            redirected = False
             try:
                 async with posting as response:
+                    redirected = bool(response.history)
                     answer = await self._prepare_result(response)
                     if answer.errors:  # scrubbed in place before any other wait
                         scrubbed(answer, self._secrets(token))
@@ -484,7 +493,7 @@ class OAuth2Transport(AuthenticatingTransport):
             finally:
                 if upload_files:
                     self._close_upload()
-            first = (token, sent(refused))
+            first = (token, sent(refused, redirected=redirected))
             return await self._renewing(taken, extra_args, upload_files, min_ttl, first)
         except BaseException as exc:
             clear_locals(exc)
@@ -507,8 +516,10 @@ class OAuth2Transport(AuthenticatingTransport):
 
         async def send(token: AccessToken) -> Sent[ExecutionResult | Bare401]:
             args = with_authorization(extra_args, token.authorization)
-            sending = parent(payload, extra_args=args, upload_files=upload_files)
-            return sent(await answered(sending, self._secrets(token)))
+            with watching_redirects() as redirects:
+                sending = parent(payload, extra_args=args, upload_files=upload_files)
+                answer = await answered(sending, self._secrets(token))
+            return sent(answer, redirected=bool(redirects))
 
         facts = RequestFacts(query=is_query(taken), replayable=not upload_files)
         return await self._renewed(facts, send, min_ttl, first)
@@ -529,9 +540,9 @@ class OAuth2Transport(AuthenticatingTransport):
 
         async def send(token: AccessToken) -> Sent[list[ExecutionResult] | Bare401]:
             args = with_authorization(extra_args, token.authorization)
-            return sent_batch(
-                await answered(parent(payload, extra_args=args), self._secrets(token))
-            )
+            with watching_redirects() as redirects:
+                answer = await answered(parent(payload, extra_args=args), self._secrets(token))
+            return sent_batch(answer, redirected=bool(redirects))
 
         return await self._renewed(RequestFacts(batch=True), send, 0.0, None)
 
@@ -554,6 +565,12 @@ class OAuth2Transport(AuthenticatingTransport):
         sleep = self._tokens.waits(asyncio.sleep)
         outcome = await drive_async(flow, get_token=self._get, send=send, sleep=sleep)
         return settled(outcome, self._tokens.refusal_answer, self._secrets)
+
+    async def _get_json_result(self, response: ClientResponse) -> Any:
+        # gql reads every answer here, bare 401s included, in the caller's context:
+        # whether it came through a redirect is noted for the send that awaits it.
+        note_redirect(response)
+        return await super()._get_json_result(response)
 
     def _get(self, need: NeedToken) -> Awaitable[AccessToken]:
         return self._tokens.get(min_ttl=need.min_ttl, after=need.newer_than)

@@ -19,7 +19,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -210,11 +210,14 @@ def _safe_repr(names: Mapping[str, object]) -> str:
 
 
 def secrets_shown(exc: BaseException, secrets: Iterable[str], *, own: str) -> list[str]:
-    """Where any of ``secrets`` shows in ``exc``'s chain: traceback, str, repr, args, vars, locals.
+    """Where any of ``secrets`` shows in ``exc``'s chain: traceback, str, repr, args, vars,
+    locals, and the HTTP responses the chain keeps.
 
     Locals too: crash reporters such as Sentry capture the local variables of each frame
     of a traceback by default. Frames of files whose path starts with ``own`` (the tests'
-    own, which hold the secrets they look for) are left out.
+    own, which hold the secrets they look for) are left out. The responses as a caller
+    reads them (``exc.__cause__.response.text``) and as a debugger unfolds them (see
+    :func:`responses_shown`).
     """
     secrets = [s for s in secrets if s]
     assert secrets, "nothing to look for: the scan would prove nothing"
@@ -223,6 +226,7 @@ def secrets_shown(exc: BaseException, secrets: Iterable[str], *, own: str) -> li
         name = type(link).__name__
         texts |= {f"str({name})": str(link), f"repr({name})": repr(link)}
         texts |= {f"args({name})": repr(link.args), f"vars({name})": repr(vars(link))}
+        texts |= responses_shown(link)
         tb = link.__traceback__
         while tb is not None:
             code = tb.tb_frame.f_code
@@ -231,6 +235,61 @@ def secrets_shown(exc: BaseException, secrets: Iterable[str], *, own: str) -> li
                 texts[where] = _safe_repr(tb.tb_frame.f_locals)
             tb = tb.tb_next
     return [where for where, text in texts.items() if any(s in text for s in secrets)]
+
+
+def responses_shown(link: BaseException) -> dict[str, str]:
+    """What ``link`` shows of the HTTP responses it keeps, and of those before them.
+
+    requests' and httpx's errors keep the response (``exc.response``), aiohttp's the
+    responses of the redirects before the error (``exc.history``); each response keeps
+    the ones before it (``history``) and the requests behind it. Seen as a caller reads
+    them (the headers' values, the body when it reads without waiting on the network) and
+    as a debugger unfolds them (:func:`unfolded`: a body nobody read, in a stream's buffer).
+    """
+    texts: dict[str, str] = {}
+    for number, response in enumerate(_responses(link)):
+        where = f"{type(response).__name__} {number} of {type(link).__name__}"
+        requests = [_attribute(response, name) for name in ("request", "next", "next_request")]
+        records = [response, *requests, _attribute(response, "request_info")]
+        texts[f"headers({where})"] = repr([_header_items(record) for record in records])
+        texts[f"body({where})"] = _body(response)
+        texts[f"unfolded({where})"] = unfolded(response)
+    return texts
+
+
+def _responses(link: BaseException) -> list[object]:
+    found: list[object] = []
+    pending = [getattr(link, "response", None), *(getattr(link, "history", None) or ())]
+    while pending:
+        response = pending.pop()
+        if response is not None and not any(response is seen for seen in found):
+            found.append(response)
+            pending += getattr(response, "history", None) or ()
+    return found
+
+
+def _attribute(obj: object, name: str) -> object:
+    """``obj.name``, or ``None`` where it has none (httpx raises for a response's missing
+    request)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _header_items(record: object) -> list[tuple[str, str]]:
+    """Every header of ``record`` (a response or a request), values whole: httpx's repr
+    masks some."""
+    headers = _attribute(record, "headers")
+    items = getattr(headers, "multi_items", None) or getattr(headers, "items", None)
+    return list(items()) if items is not None else []
+
+
+def _body(response: object) -> str:
+    """The body as the caller reads it from ``response.content``: requests' and httpx's
+    (httpx's raises until read); aiohttp's is a stream, for :func:`unfolded` to show."""
+    content = _attribute(response, "content")
+    return content.decode("latin-1") if isinstance(content, bytes) else ""
 
 
 STORE_RETRY = RetryPolicy(wait_initial=0, wait_max=0, wait_jitter=0, timeout=2.0)
@@ -743,33 +802,17 @@ async def token_of_its_own(emulator: Emulator) -> str:
 
 
 @contextlib.contextmanager
-def running_gateway(routes: Mapping[str, str]) -> Iterator[str]:
-    """A gateway on 127.0.0.1 that forwards each path of ``routes`` to its URL (several
-    APIs behind one origin); its base URL. Stopped, whatever happens."""
-    from aiohttp import ClientSession, web
-
-    async def forward(request: web.Request) -> web.Response:
-        target = routes.get(request.path)
-        if target is None:
-            return web.Response(status=404)
-        headers = {
-            name: value
-            for name, value in request.headers.items()
-            if name.lower() in ("authorization", "content-type", "accept")
-        }
-        async with (
-            ClientSession() as session,
-            session.post(target, data=await request.read(), headers=headers) as answer,
-        ):
-            body = await answer.read()
-            return web.Response(status=answer.status, body=body, content_type=answer.content_type)
+def serving(add_routes: Callable[[Any], None]) -> Iterator[str]:
+    """An aiohttp application on 127.0.0.1 and a thread of its own, its routes added by
+    ``add_routes(app)``; its base URL. Stopped, whatever happens."""
+    from aiohttp import web
 
     started: list[Any] = []  # its port, and how to stop it
     ready = threading.Event()
 
     async def serve() -> None:
         app = web.Application()
-        app.router.add_route("POST", "/{tail:.*}", forward)
+        add_routes(app)
         runner = web.AppRunner(app)
         await runner.setup()
         try:
@@ -785,9 +828,89 @@ def running_gateway(routes: Mapping[str, str]) -> Iterator[str]:
     thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
     thread.start()
     try:
-        assert ready.wait(10), "the gateway did not start"
+        assert ready.wait(10), "the server did not start"
         yield f"http://127.0.0.1:{started[0]}"
     finally:
         if len(started) == 2:
             started[1]()
         thread.join(10)
+
+
+async def _forwarded(request: Any, target: str, body: bytes) -> Any:
+    """What ``target`` answers ``body`` POSTed with ``request``'s credentials and type."""
+    from aiohttp import ClientSession, web
+
+    headers = {"Content-Type": "application/json"}  # a GET the redirect led to has none
+    headers.update(
+        (name.title(), value)
+        for name, value in request.headers.items()
+        if name.lower() in ("authorization", "content-type", "accept")
+    )
+    async with (
+        ClientSession() as session,
+        session.post(target, data=body, headers=headers) as answer,
+    ):
+        return web.Response(
+            status=answer.status, body=await answer.read(), content_type=answer.content_type
+        )
+
+
+@contextlib.contextmanager
+def running_gateway(routes: Mapping[str, str]) -> Iterator[str]:
+    """A gateway on 127.0.0.1 that forwards each path of ``routes`` to its URL (several
+    APIs behind one origin); its base URL. Stopped, whatever happens."""
+    from aiohttp import web
+
+    async def forward(request: web.Request) -> web.Response:
+        target = routes.get(request.path)
+        if target is None:
+            return web.Response(status=404)
+        return await _forwarded(request, target, await request.read())  # type: ignore[no-any-return]
+
+    with serving(lambda app: app.router.add_route("POST", "/{tail:.*}", forward)) as url:
+        yield url
+
+
+@dataclass
+class Redirector:
+    """A server whose ``/graphql`` answers every request with a redirect to ``/hop``.
+
+    Attributes:
+        graphql_url: Its ``/graphql``.
+        ran: The requests ``/graphql`` answered: a server that answers with a redirect has
+            run what it was sent.
+        hops: The method of each request the redirect led to.
+    """
+
+    graphql_url: str
+    ran: int = 0
+    hops: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def running_redirector(api_url: str, status: int) -> Iterator[Redirector]:
+    """A :class:`Redirector` on 127.0.0.1 answering ``status``; ``/hop`` (any method) asks
+    ``api_url`` the COUNT query with the hop's ``Authorization``, and answers what it
+    answered: a refusal of the token, or the count. Stopped, whatever happens."""
+    from aiohttp import web
+
+    redirector = Redirector("")
+    count = json.dumps({"query": "{ carriers(first: 1) { totalCount } }"}).encode()
+
+    async def graphql(request: web.Request) -> web.Response:
+        await request.read()
+        redirector.ran += 1
+        return web.Response(status=status, headers={"Location": "/hop"})
+
+    async def hop(request: web.Request) -> web.Response:
+        await request.read()
+        redirector.hops.append(request.method)
+        return await _forwarded(request, api_url, count)  # type: ignore[no-any-return]
+
+    def add_routes(app: web.Application) -> None:
+        app.router.add_route("*", "/graphql", graphql)
+        app.router.add_route("*", "/hop", hop)
+
+    with serving(add_routes) as url:
+        redirector.graphql_url = f"{url}/graphql"
+        yield redirector

@@ -1,9 +1,9 @@
-"""The requests and httpx stacks, each with a way to run calls through gql's client.
+"""Every stack, each with a way to run calls through gql's client.
 
 A :class:`Way` runs a list of calls concurrently through one gql session of a transport:
 on threads for the sync transports (gql's sync session), on asyncio or trio for
-``HTTPXAsyncTransport``. Each call's answer, or the exception it raised, comes back in
-order, so one test body checks the same behaviour on every stack.
+``HTTPXAsyncTransport``, on asyncio for aiohttp's. Each call's answer, or the exception it
+raised, comes back in order, so one test body checks the same behaviour on every stack.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import trio
 from gql import Client, GraphQLRequest
 
+from gql_service_auth import ApiKeyTransport, OAuth2Transport
 from gql_service_auth.httpx import (
     ApiKeyHTTPXAsyncTransport,
     ApiKeyHTTPXTransport,
@@ -127,3 +128,9 @@ WAYS = [
     Way("httpx-asyncio", ApiKeyHTTPXAsyncTransport, OAuth2HTTPXAsyncTransport, "asyncio", True),
     Way("httpx-trio", ApiKeyHTTPXAsyncTransport, OAuth2HTTPXAsyncTransport, "trio", True),
 ]
+
+AIOHTTP = Way("aiohttp", ApiKeyTransport, OAuth2Transport, "asyncio", False)
+"""aiohttp's transports, which the behaviour suite covers through ``support.STACKS``."""
+
+EVERY_WAY = [AIOHTTP, *WAYS]
+"""Every stack, for the few tests written once for all four."""

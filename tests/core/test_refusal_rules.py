@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gql_service_auth._refusal import (
     ACCEPT,
     BARE_401,
+    REDIRECTED,
     Action,
     Answer,
     RequestFacts,
@@ -100,6 +103,17 @@ def test_the_callers_own_authorization_is_neither_dropped_nor_resent() -> None:
     assert (verdict.action, verdict.token) == (Action.FAIL, TokenFate.KEEP)
     assert verdict.reason == "it carried the caller's own Authorization header"
     assert judge(facts, one(None, {"x": 1})) is ACCEPT
+
+
+@pytest.mark.parametrize("facts", [QUERY, MUTATION, BATCH, UPLOAD])
+def test_a_refusal_that_came_back_through_a_redirect_is_not_resent(facts: RequestFacts) -> None:
+    """The server answered the request sent with a redirect: it ran, whatever it was."""
+    for answer in (one([REFUSAL]), BARE_401):
+        redirected = dataclasses.replace(answer, redirected=True)
+        verdict = judge(facts, redirected)
+        assert (verdict.action, verdict.token) == (Action.FAIL, TokenFate.DROP)
+        assert verdict.reason == REDIRECTED
+    assert judge(QUERY, dataclasses.replace(one(None, {"x": 1}), redirected=True)) is ACCEPT
 
 
 def test_a_batch_refused_whole_before_execution_is_resent() -> None:
