@@ -1,4 +1,5 @@
-"""Scrubbing aiohttp's records of a request (``RequestInfo``) out of exception chains.
+"""Scrubbing aiohttp's records of an exchange out of exception chains: the ``RequestInfo``
+of a ``ClientResponseError``, and the responses of the redirects before it.
 
 Registered with :mod:`gql_service_auth._redact` on import, by every module that sends
 with aiohttp (the transports and the token request's session).
@@ -6,13 +7,14 @@ with aiohttp (the transports and the token request's session).
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Sequence
 
 from aiohttp import ClientResponse, ClientResponseError, RequestInfo
+from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from ._redact import REDACTED, SENSITIVE_HEADERS, redact_text, register
+from ._redact import REDACTED, SENSITIVE_HEADERS, register
 
 
 def _redacted_info(info: RequestInfo) -> RequestInfo:
@@ -52,39 +54,61 @@ def _redacted_url(url: URL) -> URL:
 
 
 class _AiohttpRecords:
-    """aiohttp's ``ClientResponseError`` (and its subclasses) and their ``RequestInfo``."""
+    """aiohttp's ``ClientResponseError`` (and its subclasses) and their ``RequestInfo``; the
+    responses of the redirects before it (``history``), and theirs."""
 
     def passwords(self, link: BaseException) -> list[str]:
         return _passwords(link)
 
-    def scrub(self, link: BaseException, needles: list[str]) -> None:
+    def scrub(self, link: BaseException) -> None:
         if isinstance(link, ClientResponseError):
             link.request_info = _redacted_info(link.request_info)
             link.args = tuple(
                 _redacted_info(a) if isinstance(a, RequestInfo) else a for a in link.args
             )
-            for response in link.history:
-                # The record a redirect's response keeps of the request behind it, and
-                # its own headers, which its repr shows and a server may echo into.
-                response._request_info = _redacted_info(response.request_info)
-                _scrub_headers(response, needles)
 
+    def responses(self, link: BaseException) -> Sequence[ClientResponse]:
+        # The error keeps the headers of its own response (scrubbed as its attributes
+        # are), not the response.
+        return link.history if isinstance(link, ClientResponseError) else ()
 
-def _scrub_headers(response: ClientResponse, needles: list[str]) -> None:
-    if not needles or response._headers is None:
-        return
-    headers = redact_text(response._headers, needles)
-    if headers is not response._headers:
-        response._headers = cast("CIMultiDictProxy[str]", headers)
+    def history(self, response: ClientResponse) -> Sequence[ClientResponse]:
+        return response.history
+
+    def blank_requests(self, response: ClientResponse) -> None:
+        response._request_info = _redacted_info(response._request_info)
+        _forget(response, "request_info")
+
+    def headers(self, response: ClientResponse) -> list[tuple[str, str]]:
+        return [] if response._headers is None else list(response._headers.items())
+
+    def replace_headers(self, response: ClientResponse, headers: list[tuple[str, str]]) -> None:
+        response._headers = CIMultiDictProxy(CIMultiDict(headers))
+        # aiohttp decodes header bytes as UTF-8 with surrogateescape: encoded back alike.
         response._raw_headers = tuple(
-            (name, cast("bytes", redact_text(value, needles)))
-            for name, value in response._raw_headers
+            (name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape"))
+            for name, value in headers
         )
-        # aiohttp caches what its properties read (propcache): the copies go too.
-        cache = getattr(response, "_cache", None)
-        if isinstance(cache, dict):
-            cache.pop("headers", None)
-            cache.pop("raw_headers", None)
+        _forget(response, "headers", "raw_headers", "links", "content_disposition")
+
+    def body(self, response: ClientResponse) -> bytes | None:
+        return response._body
+
+    def replace_body(self, response: ClientResponse, body: bytes) -> None:
+        if response._body is None:
+            # aiohttp released a redirect's response unread: its stream keeps what had
+            # arrived of the body in its buffer. The stream goes, buffer and all.
+            response.content = EMPTY_PAYLOAD
+        response._body = body
+
+
+def _forget(response: ClientResponse, *names: str) -> None:
+    """Drop aiohttp's cached copies of ``response``'s properties (its ``reify``), which
+    would go on showing what was replaced."""
+    cache = getattr(response, "_cache", None)
+    if isinstance(cache, dict):
+        for name in names:
+            cache.pop(name, None)
 
 
 # aiosignal: aiohttp's trace signals, whose frames hold a request's headers.

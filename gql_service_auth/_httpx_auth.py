@@ -322,25 +322,58 @@ def _facts(request: Request, replayable: bool) -> RequestFacts:
 
 
 class _HttpxRecords:
-    """httpx's errors keep the request (with its headers), and the response with its own."""
+    """httpx's errors keep the request (with its headers), and the response with its own
+    request, the one a redirect not followed would send, and the responses before it
+    (``history``: redirects, refusals answered again)."""
+
+    _SYNC_STREAMS = tuple(module.SyncByteStream for module in _MODULES)
 
     def passwords(self, link: BaseException) -> list[str]:
         return []
 
-    def scrub(self, link: BaseException, needles: list[str]) -> None:
-        if not isinstance(link, _ERRORS):
-            return
-        response = getattr(link, "response", None)
-        seen = [getattr(link, "_request", None)]
-        if response is not None:
-            seen += [getattr(response, "_request", None)]
-            seen += [getattr(old, "_request", None) for old in response.history]
-        for request in seen:
-            headers = getattr(request, "headers", None)
-            if headers is not None:
-                for name in SENSITIVE_HEADERS:
-                    if name in headers:
-                        headers[name] = REDACTED
+    def scrub(self, link: BaseException) -> None:
+        if isinstance(link, _ERRORS):
+            self._blank(getattr(link, "_request", None))
+
+    def responses(self, link: BaseException) -> list[Response]:
+        response = getattr(link, "response", None) if isinstance(link, _ERRORS) else None
+        return [] if response is None else [response]
+
+    def history(self, response: Response) -> list[Response]:
+        return response.history
+
+    def blank_requests(self, response: Response) -> None:
+        self._blank(getattr(response, "_request", None))
+        self._blank(response.next_request)
+
+    @staticmethod
+    def _blank(request: Request | None) -> None:
+        if request is not None:
+            for name in SENSITIVE_HEADERS:
+                if name in request.headers:
+                    request.headers[name] = REDACTED
+
+    def headers(self, response: Response) -> list[tuple[str, str]]:
+        return response.headers.multi_items()
+
+    def replace_headers(self, response: Response, headers: list[tuple[str, str]]) -> None:
+        encoding = response.headers.encoding  # the one the received bytes were read with
+        response.headers = type(response.headers)(headers, encoding=encoding)
+
+    def body(self, response: Response) -> bytes | None:
+        return response.content if hasattr(response, "_content") else None
+
+    def replace_body(self, response: Response, body: bytes) -> None:
+        unread = not hasattr(response, "_content")
+        response._content = body
+        response.__dict__.pop("_text", None)  # decoded from the body it had
+        if unread:
+            # A stream: no read, nor iter_raw(), takes its bytes off the wire any more. A
+            # sync one is closed here; an async one cannot be without awaiting, and is
+            # left to its owner's aclose().
+            response.is_stream_consumed = True
+            if isinstance(response.stream, self._SYNC_STREAMS):
+                response.close()
 
 
 register(

@@ -1,13 +1,21 @@
-"""Keeping credentials out of exceptions: HTTP stacks' request records and echoed text.
+"""Keeping credentials out of exceptions: HTTP stacks' records of an exchange, echoed text.
 
 An HTTP stack's errors may keep a record of the request: aiohttp's ``ClientResponseError``
 (and its subclasses) carries a ``RequestInfo`` whose ``headers`` are the request's,
-``Authorization`` included, and whose URL may hold a proxy's password. gql chains such
-errors as the cause of ``TransportServerError`` and ``TransportConnectionFailed``, and
-crash reporters walk chains. Redacting the record in place keeps the chain (the URL, the
-status, the message) for debugging and drops only the credentials. Each stack's adapter
-registers how its records are scrubbed (:func:`register`; aiohttp's is in
-``_aiohttp_redact.py``), so this module knows no HTTP stack.
+``Authorization`` included, and whose URL may hold a proxy's password. They may keep the
+responses too, with what the server sent, which may quote the credentials back (a proxy's
+page quoting the request's headers, a 401 quoting the token it refused): requests' and
+httpx's errors keep the response (``exc.response``), aiohttp's the responses of the
+redirects before it; each response keeps the ones before it and the requests behind them.
+gql chains such errors as the cause of ``TransportServerError`` and
+``TransportConnectionFailed``, and crash reporters walk chains. Redacting the records in
+place keeps the chain (the URL, the status, the message, what the server said) for
+debugging and drops only the credentials.
+
+Each stack's adapter registers where its records are (:func:`register`: a
+:class:`RecordScrubber`; aiohttp's is in ``_aiohttp_redact.py``, requests' and httpx's
+beside their auth objects), so this module knows no HTTP stack; what becomes of the records
+is decided here, once, the same on every stack.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ REDACTED: Final = "***"
 
 SENSITIVE_HEADERS: Final = ("Authorization", "Proxy-Authorization", "Cookie")
 """Request headers that carry credentials."""
+
+_R = TypeVar("_R")
 
 
 def _chain(
@@ -46,27 +56,60 @@ def _chain(
         pending += [e for e in (link.__cause__, link.__context__) if e is not None]
 
 
-class RecordScrubber(Protocol):
-    """How an HTTP stack's exceptions keep a record of the request, and how to scrub it.
+class RecordScrubber(Protocol[_R]):
+    """Where an HTTP stack's exceptions keep their records of an exchange, and how to
+    change them: the stack's part of :func:`redact_chain`, whose rules are the same for
+    every stack. ``_R`` is the stack's response.
 
     An adapter registers one (:func:`register`) for its stack's exceptions: their records
-    of a request hold its headers, and URLs with a proxy's password in them.
+    of a request hold its headers (and URLs with a proxy's password in them), and the
+    responses they keep hold the headers and the body the server sent.
     """
 
     def passwords(self, link: BaseException) -> list[str]:
         """The passwords in ``link``'s record of a request, to scrub wherever they show."""
         ...
 
-    def scrub(self, link: BaseException, needles: list[str]) -> None:
-        """Blank the credential headers and passwords of ``link``'s record, and each of
-        ``needles`` (secrets) in what it keeps of the answers, in place."""
+    def scrub(self, link: BaseException) -> None:
+        """Blank the credential headers and passwords of ``link``'s own record of the
+        request, in place."""
+        ...
+
+    def responses(self, link: BaseException) -> Iterable[_R]:
+        """The responses ``link`` keeps (the ones before them come from :meth:`history`)."""
+        ...
+
+    def history(self, response: _R) -> Iterable[_R]:
+        """The responses that came before ``response``: redirects, refusals answered again."""
+        ...
+
+    def blank_requests(self, response: _R) -> None:
+        """Blank the credential headers of the requests ``response`` keeps a record of (the
+        one it answers; one it would have led to)."""
+        ...
+
+    def headers(self, response: _R) -> list[tuple[str, str]]:
+        """``response``'s headers, each one as received."""
+        ...
+
+    def replace_headers(self, response: _R, headers: list[tuple[str, str]]) -> None:
+        """Make ``headers`` what ``response`` keeps of its headers, in every copy it keeps."""
+        ...
+
+    def body(self, response: _R) -> bytes | None:
+        """``response``'s body as it was read; ``None`` when it was not (a stream)."""
+        ...
+
+    def replace_body(self, response: _R, body: bytes) -> None:
+        """Make ``body`` what ``response`` gives as its body, read or not, without reading
+        the body it had: a stream nobody read is let go unread, its buffers with it."""
         ...
 
 
-_SCRUBBERS: list[RecordScrubber] = []
+_SCRUBBERS: list[RecordScrubber[Any]] = []
 
 
-def register(scrubber: RecordScrubber, modules: tuple[str, ...]) -> None:
+def register(scrubber: RecordScrubber[Any], modules: tuple[str, ...]) -> None:
     """Have :func:`redact_chain` scrub the records of a stack's exceptions too, and
     :func:`clear_locals` the frames of its ``modules`` (name prefixes), which hold
     requests' headers."""
@@ -79,11 +122,12 @@ def register(scrubber: RecordScrubber, modules: tuple[str, ...]) -> None:
 def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
     """Rid every exception in ``exc``'s chain of credentials, in place.
 
-    Blanks the credential headers of aiohttp's request records (wherever the exception
-    keeps them: attribute, ``args``, redirect ``history``), and replaces each of
-    ``secrets`` in the exceptions' messages, ``args`` and attributes, text or bytes: a
-    proxy or a debug page may echo the request, and gql puts a body it cannot parse into
-    its error message. Exceptions that cannot be changed are left as they are.
+    Blanks the credential headers of the HTTP stacks' records of requests (wherever the
+    exception keeps them: attribute, ``args``, the responses it keeps and their redirect
+    ``history``), and replaces each of ``secrets`` in the exceptions' messages, ``args``
+    and attributes, and in the headers and bodies of the responses they keep, text or
+    bytes: a proxy or a debug page may echo the request, and gql puts a body it cannot
+    parse into its error message. Exceptions that cannot be changed are left as they are.
     """
     # A proxy password in aiohttp's record is also in the messages made from it, such as
     # gql's TransportConnectionFailed, higher up the chain.
@@ -93,13 +137,51 @@ def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
     for link in _chain(exc):
         try:
             for scrubber in _SCRUBBERS:
-                scrubber.scrub(link, needles)
+                scrubber.scrub(link)
+                _scrub_responses(scrubber, link, needles)
             if isinstance(link, UnicodeEncodeError) and _raised_and_handled_in_libraries(link):
                 _mask_unencodable(link)
             if needles:
                 _scrub_exception(link, needles)
         except Exception:  # a read-only or odd exception of the caller's: left as it is
             continue
+
+
+def _scrub_responses(
+    scrubber: RecordScrubber[_R], link: BaseException, needles: list[str]
+) -> None:
+    """Rid the responses ``link`` keeps, and those before them, of credentials: the
+    records of their requests blanked, ``needles`` replaced in their headers and bodies."""
+    seen: set[int] = set()
+    pending = list(scrubber.responses(link))
+    while pending:
+        response = pending.pop()
+        if id(response) not in seen:
+            seen.add(id(response))
+            pending += scrubber.history(response)
+            scrubber.blank_requests(response)
+            if needles:
+                _scrub_response(scrubber, response, needles)
+
+
+def _scrub_response(scrubber: RecordScrubber[_R], response: _R, needles: list[str]) -> None:
+    headers = scrubber.headers(response)
+    scrubbed = [(str(_replace(n, needles, {})), str(_replace(v, needles, {}))) for n, v in headers]
+    if scrubbed != headers:
+        scrubber.replace_headers(response, scrubbed)
+    body = scrubber.body(response)
+    if body is None:
+        # A body nobody read (a stream; a redirect's, which aiohttp follows unread) may
+        # hold a secret, in a buffer or still on the wire. It cannot be scrubbed without
+        # reading it, and reading it here would wait on the network for bytes the caller
+        # chose not to read: it is dropped unread, and the response reads as empty. Empty
+        # rather than "***": nothing was found in it, and a reader must not guess a
+        # credential stood there.
+        scrubber.replace_body(response, b"")
+        return
+    scrubbed_body = _replace(body, needles, {})
+    if isinstance(scrubbed_body, bytes) and scrubbed_body is not body:
+        scrubber.replace_body(response, scrubbed_body)
 
 
 def _mask_unencodable(link: UnicodeEncodeError) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from http.client import HTTPMessage
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +21,7 @@ from requests.auth import AuthBase
 from requests.cookies import extract_cookies_to_jar
 from requests.exceptions import RequestException
 from requests.models import PreparedRequest, Response
+from requests.structures import CaseInsensitiveDict
 from requests.utils import rewind_body
 
 from ._auth_objects import ApiKeyAuthBase, OAuth2AuthBase
@@ -181,24 +183,66 @@ def _copy_for_resend(previous: Response) -> PreparedRequest:
 
 
 class _RequestsRecords:
-    """requests' exceptions keep the prepared request, and the response with its own."""
+    """requests' exceptions keep the prepared request, and the response with its own
+    request, the redirects before it (``history``) and urllib3's response below it."""
 
     def passwords(self, link: BaseException) -> list[str]:
         return []
 
-    def scrub(self, link: BaseException, needles: list[str]) -> None:
-        if not isinstance(link, RequestException):
-            return
-        response = link.response
-        requests_seen = [link.request]
-        if response is not None:
-            requests_seen += [response.request] + [old.request for old in response.history]
-        for prepared in requests_seen:
-            headers = getattr(prepared, "headers", None)
-            if headers is not None:
-                for name in SENSITIVE_HEADERS:
-                    if name in headers:
-                        headers[name] = REDACTED
+    def scrub(self, link: BaseException) -> None:
+        if isinstance(link, RequestException):
+            _blank(link.request)
+
+    def responses(self, link: BaseException) -> list[Response]:
+        response = link.response if isinstance(link, RequestException) else None
+        return [response] if isinstance(response, Response) else []
+
+    def history(self, response: Response) -> list[Response]:
+        return response.history
+
+    def blank_requests(self, response: Response) -> None:
+        _blank(response.request)
+        _blank(response.next)  # the redirect it would have led to (allow_redirects=False)
+
+    def headers(self, response: Response) -> list[tuple[str, str]]:
+        return list(response.headers.items())
+
+    def replace_headers(self, response: Response, headers: list[tuple[str, str]]) -> None:
+        response.headers = CaseInsensitiveDict(headers)
+        # The copies below: urllib3's response, and http.client's below it.
+        raw: Any = response.raw
+        if raw is not None and raw.headers is not None:
+            raw.headers = type(raw.headers)(headers)
+        original: Any = getattr(raw, "_original_response", None)
+        if isinstance(getattr(original, "msg", None), HTTPMessage):
+            message = HTTPMessage()
+            for name, value in headers:
+                message[name] = value
+            original.msg = original.headers = message
+
+    def body(self, response: Response) -> bytes | None:
+        content = response._content
+        return content if isinstance(content, bytes) else None
+
+    def replace_body(self, response: Response, body: bytes) -> None:
+        unread = not isinstance(response._content, bytes)
+        response._content = body
+        if unread:
+            # stream=True: its bytes wait on the connection, which would go back to the
+            # pool with them (requests releases a response it takes as read). It is
+            # closed instead, unread.
+            response._content_consumed = True
+            if response.raw is not None:
+                response.raw.close()
+
+
+def _blank(prepared: object) -> None:
+    """Blank the credential headers of a request requests keeps (prepared or not)."""
+    headers = getattr(prepared, "headers", None)
+    if headers is not None:
+        for name in SENSITIVE_HEADERS:
+            if name in headers:
+                headers[name] = REDACTED
 
 
 # http.client and socket: a failed send's frames, below urllib3's, hold the headers too.

@@ -29,6 +29,7 @@ from support import (
     CARRIERS,
     COUNT,
     KINDS,
+    NO_WAIT,
     ONE_ATTEMPT,
     SLOW_MACHINE,
     TICKS,
@@ -45,6 +46,7 @@ from support import (
     upload,
     with_store,
 )
+from ways import EVERY_WAY, Call, Way
 from yarl import URL
 
 from gql_service_auth import (
@@ -56,6 +58,7 @@ from gql_service_auth import (
     RetryPolicy,
     TokenRequestError,
     UnauthenticatedError,
+    UnauthenticatedHTTPError,
 )
 from gql_service_auth.cli import main
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
@@ -1040,3 +1043,91 @@ async def test_a_secret_the_caller_passes_per_request_stays_out_of_our_frames(
                 await session.execute(COUNT, extra_args=extra)
     where = shown(info.value, [password, *_sent(emulator)])
     assert [w for w in where if "gql/client.py" not in w] == []
+
+
+# -- The responses an HTTP error keeps, on every stack --------------------------------
+
+
+@pytest.fixture(params=EVERY_WAY, ids=lambda way: way.name)
+def way(request: pytest.FixtureRequest) -> Way:
+    """Each stack in turn: aiohttp, requests, httpx (sync, asyncio and trio)."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def quiet_stacks(caplog: pytest.LogCaptureFixture) -> None:
+    """gql's transports log each raw answer at DEBUG, and httpcore each answer's headers:
+    their records, out of this package's reach, would trip the leak scanner of
+    conftest.py; the scan here is of the errors."""
+    for logger in ("gql.transport", "httpcore", "httpcore2"):
+        caplog.set_level(logging.INFO, logger=logger)
+
+
+def _transport(
+    way: Way, method: str, emulator: Emulator, clock: ManualClock, **kwargs: Any
+) -> Any:
+    """``way``'s transport for ``method`` ("api_key" or "oauth2"), for the recent client;
+    an OAuth2 one ends at the first refusal."""
+    client = emulator.recent_client
+    kwargs |= {"client_id": client.client_id, "client_secret": client.client_secret}
+    if method == "api_key":
+        return way.api_key(emulator.graphql_url, **kwargs)
+    kwargs |= {"token_url": emulator.token_url, "retry": NO_WAIT, "clock": clock}
+    return way.oauth2(emulator.graphql_url, max_renewals=0, **kwargs)
+
+
+def _failed_call(way: Way, transport: Any) -> BaseException:
+    """The error of a call to ``transport`` that fails as the emulator was told."""
+    (outcome,) = way.run(transport, [Call(COUNT)])
+    assert isinstance(outcome, TransportServerError), outcome
+    return outcome
+
+
+@pytest.mark.parametrize("status", [401, 500, 502])
+@pytest.mark.parametrize("method", ["api_key", "oauth2"])
+@pytest.mark.usefixtures("quiet_stacks", "no_resource_left_open")
+def test_an_http_error_quoting_the_credential_keeps_it_nowhere_in_its_chain(
+    emulator: Emulator, clock: ManualClock, way: Way, method: str, status: int
+) -> None:
+    """A page quoting the Authorization header in its body and a header: neither the
+    error nor the response its chain keeps (requests', httpx's) shows it."""
+    transport = _transport(way, method, emulator, clock)
+    way.one(transport, Call(COUNT))  # the credential, sent once (a token for OAuth2)
+    quoted = _sent(emulator)[-2]
+    page = f"<pre>Request headers:\nAuthorization: {quoted}\n</pre>".encode()
+    emulator.fail_graphql_requests(1, status, body=page, headers={"X-Debug-Authorization": quoted})
+    error = _failed_call(way, transport)
+    # A 401: ApiKeyRejectedHTTPError or UnauthenticatedHTTPError, gql's error its cause.
+    assert isinstance(error, UnauthenticatedHTTPError) == (status == 401)
+    assert shown(error, [emulator.recent_client.client_secret, *_sent(emulator)]) == []
+
+
+@pytest.mark.parametrize("method", ["api_key", "oauth2"])
+@pytest.mark.usefixtures("quiet_stacks", "no_resource_left_open")
+def test_a_credential_quoted_in_a_response_header_only_shows_nowhere_in_the_chain(
+    emulator: Emulator, clock: ManualClock, way: Way, method: str
+) -> None:
+    """A 502 whose body is clean and one header quotes the credential: scrubbed too."""
+    transport = _transport(way, method, emulator, clock)
+    way.one(transport, Call(COUNT))
+    echo = {"X-Echo": _sent(emulator)[-2]}
+    emulator.fail_graphql_requests(1, 502, body=b"bad gateway", headers=echo)
+    error = _failed_call(way, transport)
+    assert shown(error, [emulator.recent_client.client_secret, *_sent(emulator)]) == []
+
+
+@pytest.mark.parametrize("method", ["api_key", "oauth2"])
+@pytest.mark.usefixtures("quiet_stacks", "no_resource_left_open")
+def test_a_redirect_body_quoting_the_credential_shows_nowhere_in_the_chain(
+    emulator: Emulator, clock: ManualClock, way: Way, method: str
+) -> None:
+    """A 307 whose body quotes the credential, then a 502: that body, which requests and
+    httpx read and aiohttp leaves unread in its stream, shows nowhere in the chain."""
+    follow = {"follow_redirects": True} if way.name.startswith("httpx") else {}
+    transport = _transport(way, method, emulator, clock, **follow)
+    way.one(transport, Call(COUNT))
+    page = f"moved; you sent {_sent(emulator)[-2]}".encode()
+    emulator.fail_graphql_requests(1, 307, body=page, headers={"Location": emulator.graphql_url})
+    emulator.fail_graphql_requests(1, 502, body=b"bad gateway")
+    error = _failed_call(way, transport)
+    assert shown(error, [emulator.recent_client.client_secret, *_sent(emulator)]) == []
