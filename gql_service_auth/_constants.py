@@ -151,5 +151,14 @@ So that transports built one per call share a token whatever the garbage collect
 one per set of credentials and token settings, the least recently used going first.
 """
 
+SHARED_PAUSES_KEPT: Final = 64
+"""Sets of credentials whose refusals a process remembers once no token manager is left.
+
+While an API refuses every fresh token of a set of credentials, renewals pause; transports
+built one per call then leave no manager alive to remember it, so the process keeps what
+the refusals taught (counts and times, no secret) for the next one. The least recently
+refused goes first.
+"""
+
 LOGGER_NAME: Final = "gql_service_auth"
 """Name of the package's logger; event names in log records start with it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from ._constants import RENEWAL_RETRY_MIN
@@ -41,6 +42,28 @@ class RenewalPaused(Exception):
         super().__init__(f"renewals paused for {remaining:.1f} s")
         self.remaining = remaining
         self.refusals = refusals
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Pause:
+    """What refusals of fresh tokens taught a token manager, handed to the next manager of
+    the same credentials when transports built per call leave none alive (see
+    ``_sharing.py``). No secret and no token: counts, times and a redacted answer.
+
+    Attributes:
+        refusals: Fresh tokens refused in a row before any answer accepted one.
+        until: When (on the manager's clock) renewals resume.
+        answer: What the adapter kept of the last refusal (see :attr:`Refusals.answer`).
+        latest: The latest refusal, weighed against tokens read from a shared store.
+    """
+
+    refusals: int
+    until: float
+    answer: object
+    latest: Refusal | None
+
+    def __repr__(self) -> str:
+        return f"<Pause refusals={self.refusals}>"
 
 
 class Refusals:
@@ -152,6 +175,22 @@ class Refusals:
     def pause_remaining(self) -> float:
         """Seconds until renewals resume after refused fresh tokens; 0 when not paused."""
         return max(self.paused_until - self._clock(), 0.0)
+
+    def pause(self) -> Pause | None:
+        """What a new manager of these credentials must know: the refused fresh tokens in
+        a row, while the token in hand is gone for them; ``None`` when nothing is owed."""
+        if not (self.renewing_after_refusal and self.unconfirmed_refusals):
+            return None
+        return Pause(self.unconfirmed_refusals, self.paused_until, self.answer, self.latest)
+
+    def resume(self, pause: Pause) -> None:
+        """Go on from ``pause``, as the manager that learned it would have: its next token
+        is a renewal after a refusal, and the pause, or the refusals that grow it, hold."""
+        self.renewing_after_refusal = True
+        self.unconfirmed_refusals = pause.refusals
+        self.paused_until = pause.until
+        self.answer = pause.answer
+        self.latest = pause.latest
 
     def landed(
         self, token: AccessToken, *, requested: float, origin: Origin | None, in_hand: bool

@@ -44,7 +44,7 @@ from ._flight import (
     wait_async,
     wait_blocking,
 )
-from ._ledger import Refusals, RenewalFailures, RenewalPaused, RenewalSpent
+from ._ledger import Pause, Refusals, RenewalFailures, RenewalPaused, RenewalSpent
 from ._provenance import Origin
 from ._redact import clear_locals
 from ._telemetry import fetch_span
@@ -166,13 +166,26 @@ class TokenManager:
             self._emit.add(emitter)
 
     def spent(self) -> bool:
-        """Whether the manager has had a token, has none usable now, and fetches none."""
+        """Whether the manager has had a token (or resumed a pause), has none usable now,
+        and fetches none."""
         token = self._token
         return (
-            self._generation > 0
+            (self._generation > 0 or self._refusals.renewing_after_refusal)
             and self._flight is None
             and (token is None or self._clock() >= token.usable_until)
         )
+
+    def pause_reader(self) -> Callable[[], Pause | None]:
+        """Reads what refusals taught this manager, for the next one of its credentials
+        (see ``_sharing.py``): it holds the ledger, not the manager, so it reads it once
+        the manager is gone."""
+        return self._refusals.pause
+
+    def resume(self, pause: Pause) -> None:
+        """Go on from what :meth:`pause_reader` read of an earlier manager of the same
+        credentials."""
+        with self._lock:
+            self._refusals.resume(pause)
 
     def _after_fork_in_child(self) -> None:
         # The fetch's thread, and any thread that held the lock, are not in the child. A

@@ -20,6 +20,7 @@ import traceback
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,6 +35,7 @@ from gql_service_auth import (
     RetryPolicy,
     TokenIdentity,
     TokenStore,
+    UnauthenticatedError,
 )
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
 
@@ -914,3 +916,67 @@ def running_redirector(api_url: str, status: int) -> Iterator[Redirector]:
     with serving(add_routes) as url:
         redirector.graphql_url = f"{url}/graphql"
         yield redirector
+
+
+# -- Tenants, one of which an API refuses ----------------------------------------------
+
+PAUSING = RetryPolicy(wait_initial=1, wait_max=4, wait_jitter=0)
+"""While fresh tokens keep being refused, renewals pause 1 s, then 2 s, then 4 s each time:
+no jitter, so every run has the same figures on the ManualClock."""
+
+
+def tenants(emulator: Emulator, count: int) -> list[ClientRecord]:
+    """``count`` new sets of credentials the emulator knows, each a tenant of its own."""
+    registered = [
+        ClientRecord.generate(f"emu-tenant-{len(emulator.clients) + number}", date(2025, 1, 15))
+        for number in range(count)
+    ]
+    emulator.clients.update((client.client_id, client) for client in registered)
+    return registered
+
+
+def token_requests_of(emulator: Emulator, client: ClientRecord) -> int:
+    """The token requests that named ``client`` in their form (``client_secret_post``)."""
+    return sum(
+        request.path == "/oauth2/token"
+        and (request.form or {}).get("client_id") == client.client_id
+        for request in emulator.requests
+    )
+
+
+def refused_tenant_cost(
+    build: Callable[..., Any],
+    call: Callable[[Any], object],
+    emulator: Emulator,
+    clock: ManualClock,
+    *,
+    per_call: bool,
+    collected: bool = True,
+    calls: int = 30,
+) -> int:
+    """The token requests of a tenant whose every token an API refuses: ``calls`` calls a
+    second apart on the emulator's clock, each followed by a call of another tenant, on a
+    transport per call (``per_call``) or on one for all.
+
+    ``build(client, url=..., retry=...)`` makes a transport; ``call(transport)`` runs COUNT
+    through gql's client and returns its answer or its error. ``collected``: the garbage
+    collector runs after each call, as it may at any time in a program.
+    """
+    refused, *others = tenants(emulator, 4)
+    # An API the tenant's project may not use: it knows none of the emulator's tokens.
+    with Emulator().run_in_thread() as elsewhere:
+
+        def refused_transport() -> Any:
+            return build(refused, url=elsewhere.graphql_url, retry=PAUSING)
+
+        one = None if per_call else refused_transport()
+        for number in range(calls):
+            transport = refused_transport() if one is None else one
+            outcome = call(transport)
+            assert isinstance(outcome, UnauthenticatedError), outcome
+            assert call(build(others[number % len(others)])) == ANSWER
+            del transport, outcome  # a per-call transport is gone, as in a helper
+            if collected:
+                collect_garbage()
+            clock.advance(1)
+    return token_requests_of(emulator, refused)

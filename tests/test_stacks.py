@@ -28,6 +28,7 @@ from support import (
     UPLOAD,
     bare_401s,
     exception_chain,
+    refused_tenant_cost,
     shown,
     upload,
 )
@@ -41,7 +42,7 @@ from gql_service_auth import (
     UnauthenticatedError,
     UnauthenticatedHTTPError,
 )
-from gql_service_auth.emulator import Emulator, ManualClock
+from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
 
 ANSWER = {"carriers": {"totalCount": 25}}
 
@@ -61,7 +62,7 @@ def oauth2(
         kwargs.setdefault("clock", clock)
         kwargs.setdefault("on_event", events.append)
         return way.oauth2(
-            emulator.graphql_url,
+            kwargs.pop("url", emulator.graphql_url),
             token_url=emulator.token_url,
             client_id=client.client_id,
             client_secret=kwargs.pop("client_secret", client.client_secret),
@@ -464,3 +465,22 @@ def test_callers_waiting_for_a_token_leave_trios_worker_threads_to_the_applicati
     trio.run(main)
     assert order == ["application's thread", "query"]
     assert emulator.counters.token_requests == 1
+
+
+def test_transports_built_per_call_cost_what_one_transport_costs_while_fresh_tokens_are_refused(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator, clock: ManualClock
+) -> None:
+    """A transport per call for credentials an API refuses, other tenants' built and used
+    in between: the token requests of one long-lived transport (before: 2 per call)."""
+
+    def build(client: ClientRecord, **kwargs: Any) -> Any:
+        return oauth2(client=client, **kwargs)
+
+    def call(transport: Any) -> object:
+        (outcome,) = way.run(transport, [Call(COUNT)])
+        return outcome
+
+    def cost(*, per_call: bool) -> int:
+        return refused_tenant_cost(build, call, emulator, clock, per_call=per_call, calls=12)
+
+    assert cost(per_call=True) == cost(per_call=False) == 8

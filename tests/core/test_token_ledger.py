@@ -59,6 +59,37 @@ def test_refused_fresh_tokens_pause_renewals_until_an_answer_accepts_one() -> No
     assert refusals.pause_remaining() == 0.0
 
 
+def test_a_new_ledger_goes_on_from_the_pause_an_earlier_one_left() -> None:
+    clock = Clock()
+    first = ledger(clock)
+    for generation in (1, 2):
+        held = token(generation)
+        first.refused(held, current=held, answer="401")
+    pause = first.pause()
+    assert pause is not None
+    assert "t2" not in repr(pause)  # counts and times: no token
+    second = ledger(clock)  # a new manager's, whose generations start again
+    second.resume(pause)
+    assert second.renewing_after_refusal
+    assert second.answer == "401"
+    assert second.pause_remaining() == pytest.approx(60.0)
+    clock.now += 60.0
+    held = token(1)
+    second.refused(held, current=held, answer=None)  # its first token, refused as well
+    assert second.unconfirmed_refusals == 3
+    assert second.pause_remaining() == pytest.approx(90.0)
+
+
+def test_no_pause_is_left_once_a_token_is_in_hand_again() -> None:
+    refusals = ledger(Clock())
+    one = token(1)
+    assert refusals.pause() is None
+    refusals.refused(one, current=one, answer=None)
+    assert refusals.pause() is not None
+    refusals.landed(token(2), requested=0.0, origin=None, in_hand=True)
+    assert refusals.pause() is None
+
+
 def test_a_refusal_of_an_accepted_token_never_pauses() -> None:
     refusals = ledger(Clock())
     one = token(1)
