@@ -64,7 +64,9 @@ def watching_redirects() -> Iterator[list[bool]]:
 def note_redirect(response: aiohttp.ClientResponse) -> None:
     """Note, for :func:`watching_redirects`, that ``response`` came through a redirect."""
     seen = _REDIRECTS.get()
-    if response.history and seen is not None:
+    # getattr: a response_class of the caller's may be a stand-in.
+    history: tuple[object, ...] = getattr(response, "history", ())
+    if seen is not None and history:
         seen.append(True)
 
 

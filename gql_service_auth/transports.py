@@ -478,7 +478,8 @@ class OAuth2Transport(AuthenticatingTransport):
             redirected = False
             try:
                 async with posting as response:
-                    redirected = bool(response.history)
+                    # getattr: a response_class of the caller's may be a stand-in.
+                    redirected = bool(getattr(response, "history", ()))
                     answer = await self._prepare_result(response)
                     if answer.errors:  # scrubbed in place before any other wait
                         scrubbed(answer, self._secrets(token))

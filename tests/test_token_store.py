@@ -458,9 +458,10 @@ def test_redis_killed_and_restarted_fails_no_query(
     killer.join()
     restarter.join()
     assert [o["failures"] for o in outcomes] == [[]] * 4
-    assert all(o["queries"] > 20 for o in outcomes)
-    # The store's 0.25 s timeout plus one fetch, with room for a loaded 2-core machine.
-    assert max(o["slowest"] for o in outcomes) < 2.0
+    assert all(o["queries"] >= 5 for o in outcomes)  # each of the 5 loops went on
+    # The store's 0.25 s timeout plus one fetch, not a query stuck on the dead Redis until
+    # its execute_timeout (30 s): a gap between the two that no loaded machine takes.
+    assert max(o["slowest"] for o in outcomes) < 10
     # 3 s of 1 s tokens renewed at half-life: about 6 with a store, at most 4 x 7 without.
     assert live_emulator.counters.token_requests <= 4 * 7
     assert sum(o["events"].get("token_store_failed", 0) for o in outcomes) >= 1
