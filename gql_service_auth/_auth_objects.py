@@ -33,13 +33,16 @@ from ._constants import (
     DEFAULT_MAX_RENEWALS,
     DEFAULT_REFRESH_MARGIN,
     ENV_AUTH_URL,
+    ENV_BASE_URL,
     ENV_CLIENT_ID,
     ENV_CLIENT_SECRET,
+    GRAPHQL_PATH,
     TOKEN_PATH,
 )
 from ._credentials import ClientCredentials
+from ._errors import ConfigurationError
 from ._events import Emitter, EventHook
-from ._http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules
+from ._http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules, ServiceOrigin
 from ._oauth2 import ClientAuthMethod, RetryPolicy, checked_token_params
 from ._redact import forgets_on_error
 from ._settings import check_renewal_settings, joined_scope, store_from_env, token_manager
@@ -73,6 +76,38 @@ class OAuth2AuthOptions(TypedDict, total=False):
     token_proxy: str | URL | None
     token_store: TokenStore | None
     share_tokens: bool
+    sign_any_origin: bool
+
+
+def service_origin(
+    kind: str, url: str | URL | None, *, sign_any_origin: bool, allow_insecure_http: bool
+) -> ServiceOrigin:
+    """The origin an auth object of class ``kind`` signs requests to: ``url``'s.
+
+    Raises:
+        ConfigurationError: no ``url`` and no ``sign_any_origin``; both; or a ``url``
+            that credentials may not go to (see :func:`~gql_service_auth._config.check_url`).
+    """
+    if sign_any_origin:
+        if url is not None:
+            raise ConfigurationError(f"{kind} takes url= or sign_any_origin=True, not both")
+        return ServiceOrigin(None)
+    if url is None:
+        raise ConfigurationError(
+            f"{kind} signs only the requests to its service: pass url= (the API's URL, "
+            f"which from_env() reads from {ENV_BASE_URL}), or sign_any_origin=True to sign "
+            "every request its client sends, to any host"
+        )
+    check_url(url, what="url", allow_insecure_http=allow_insecure_http)
+    return ServiceOrigin(str(url))
+
+
+def _env_url(environ: Mapping[str, str], url: str | None, sign_any_origin: bool) -> str | None:
+    """The ``url=`` of ``from_env()``: given, else ``SERVICE_BASE_URL``'s, unless every
+    origin is signed."""
+    if sign_any_origin:
+        return url
+    return endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH)
 
 
 def oauth2_settings(
@@ -229,26 +264,44 @@ _APIS_KEPT = 16
 
 
 class ApiKeyAuthBase:
-    """Signs each request with the service's API key (``SERVICE-API-KEY id:secret``).
+    """Signs the requests to its service with the API key (``SERVICE-API-KEY id:secret``).
 
-    A request that already carries an ``Authorization`` header is the caller's own, and
-    is left alone. Credentials go only over https, or plain http to loopback, unless
-    ``allow_insecure_http``. A refused key is not the auth's to retry: the response comes
-    back as the service sent it.
+    Only the requests to the origin of ``url`` (its scheme, host and port) are signed: a
+    request to any other host goes out untouched, so a client that also calls another
+    service never sends it the key. A request that already carries an ``Authorization``
+    header is the caller's own, and is left alone. Credentials go only over https, or
+    plain http to loopback, unless ``allow_insecure_http``; a proxy set on the client
+    itself is not seen (give the service's ``https://`` URL to go through one). A refused
+    key is not the auth's to retry:
+    the response comes back as the service sent it.
 
     Args:
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
+        url: The API's URL (``{base_url}/graphql``): requests to its origin are signed.
+        sign_any_origin: Sign every request the client sends, to any host, instead.
         allow_insecure_http: Allow plain ``http://`` to hosts that are not loopback.
 
     Raises:
-        ConfigurationError: bad credentials.
+        ConfigurationError: bad credentials; neither ``url`` nor ``sign_any_origin``.
     """
 
     @forgets_on_error
     def __init__(
-        self, client_id: str, client_secret: str, *, allow_insecure_http: bool = False
+        self,
+        client_id: str,
+        client_secret: str,
+        *,
+        url: str | URL | None = None,
+        sign_any_origin: bool = False,
+        allow_insecure_http: bool = False,
     ) -> None:
+        self._service = service_origin(
+            type(self).__name__,
+            url,
+            sign_any_origin=sign_any_origin,
+            allow_insecure_http=allow_insecure_http,
+        )
         self._rules = ApiKeyRules(
             ClientCredentials(client_id, client_secret), InsecureOrigins(allow_insecure_http)
         )
@@ -259,13 +312,17 @@ class ApiKeyAuthBase:
         cls,
         environ: Mapping[str, str] = os.environ,
         *,
+        url: str | None = None,
         client_id: str | None = None,
         client_secret: str | None = None,
+        sign_any_origin: bool = False,
         allow_insecure_http: bool = False,
     ) -> Self:
-        """Build the auth from ``SERVICE_CLIENT_ID`` and ``SERVICE_CLIENT_SECRET``.
+        """Build the auth from ``SERVICE_BASE_URL`` (``/graphql`` is appended unless it
+        ends with it), ``SERVICE_CLIENT_ID`` and ``SERVICE_CLIENT_SECRET``.
 
-        A setting given by keyword wins: its variable is then not read.
+        A setting given by keyword wins: its variable is then not read; with
+        ``sign_any_origin=True``, ``SERVICE_BASE_URL`` is not read.
 
         Raises:
             ConfigurationError: a variable is missing or empty; the message names it.
@@ -273,8 +330,14 @@ class ApiKeyAuthBase:
         return cls(
             given_or_env(environ, client_id, ENV_CLIENT_ID),
             given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+            url=_env_url(environ, url, sign_any_origin),
+            sign_any_origin=sign_any_origin,
             allow_insecure_http=allow_insecure_http,
         )
+
+    def _signs(self, scheme: str, host: str | None, port: int | None) -> bool:
+        """Whether a request to this origin is the service's, to sign."""
+        return self._service.covers(scheme, host, port)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} client_id={self._rules.credentials.client_id!r}>"
@@ -291,7 +354,9 @@ class OAuth2AuthBase:
     comes back as the service answered it. A request that already carries an
     ``Authorization`` header is the caller's own: it is left alone, and never re-sent.
 
-    Each origin it signs requests to (the URL's scheme, host and port) has a token of its
+    Only the requests to the origin of ``url`` (its scheme, host and port) are signed: a
+    request to any other host goes out untouched, and fetches no token. With
+    ``sign_any_origin=True``, every request is signed, and each origin has a token of its
     own, shared with the other auth objects of the same settings for that origin, so one
     API's refusals never drop or pause another's token.
 
@@ -300,18 +365,24 @@ class OAuth2AuthBase:
     ``clock``, ``token_session_args``, ``token_proxy``, ``token_store``, ``share_tokens``)
     are :class:`~gql_service_auth.OAuth2Transport`'s.
     The token request goes through aiohttp; with ``token_session_args=None`` it takes
-    proxies from the environment (``trust_env``), as requests and httpx do.
+    proxies from the environment (``trust_env``), as requests and httpx do. A proxy set on
+    the client itself is not seen by the auth, which refuses plain ``http://`` to hosts
+    that are not loopback and through the environment's remote proxy only: through a proxy
+    of your own, give the service's ``https://`` URL.
 
     Args:
         token_url: The token endpoint, ``{auth_url}/oauth2/token``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
+        url: The API's URL (``{base_url}/graphql``): requests to its origin are signed.
+        sign_any_origin: Sign every request the client sends, to any host, instead.
         allow_insecure_http: Allow plain ``http://`` to hosts that are not loopback.
         verify: How the token endpoint's certificate is verified: ``True``, ``False``,
             a CA bundle's path or an ``ssl.SSLContext``.
 
     Raises:
-        ConfigurationError: a bad argument; the message says which.
+        ConfigurationError: a bad argument (neither ``url`` nor ``sign_any_origin``
+            included); the message says which.
     """
 
     @forgets_on_error
@@ -321,6 +392,8 @@ class OAuth2AuthBase:
         client_id: str,
         client_secret: str,
         *,
+        url: str | URL | None = None,
+        sign_any_origin: bool = False,
         scope: str | Sequence[str] | None = None,
         token_params: Mapping[str, str] | None = None,
         token_auth_method: ClientAuthMethod = "client_secret_post",
@@ -337,6 +410,12 @@ class OAuth2AuthBase:
         token_store: TokenStore | None = None,
         share_tokens: bool = True,
     ) -> None:
+        self._service = service_origin(
+            type(self).__name__,
+            url,
+            sign_any_origin=sign_any_origin,
+            allow_insecure_http=allow_insecure_http,
+        )
         self.token_url = token_url
         settings = oauth2_settings(
             token_url,
@@ -367,10 +446,15 @@ class OAuth2AuthBase:
     def _of(cls, token_url: str | URL, rules: OAuth2Rules) -> Self:
         """An auth with rules a transport made (its token request follows the transport)."""
         auth = cls.__new__(cls)
+        auth._service = ServiceOrigin(None)  # the transport's client sends only to its URL
         auth.token_url = token_url
         auth._rules = rules
         auth._per_api = None
         return auth
+
+    def _signs(self, scheme: str, host: str | None, port: int | None) -> bool:
+        """Whether a request to this origin is the service's, to sign."""
+        return self._service.covers(scheme, host, port)
 
     def _rules_for(self, url: object) -> OAuth2Rules:
         """The rules of a request to ``url``: a transport's own, or those of its API."""
@@ -385,6 +469,7 @@ class OAuth2AuthBase:
         cls,
         environ: Mapping[str, str] = os.environ,
         *,
+        url: str | None = None,
         token_url: str | None = None,
         client_id: str | None = None,
         client_secret: str | None = None,
@@ -392,10 +477,12 @@ class OAuth2AuthBase:
     ) -> Self:
         """Build the auth from the ``SERVICE_*`` environment variables.
 
-        Reads ``SERVICE_AUTH_URL`` (``/oauth2/token`` is appended unless it ends with
-        it), ``SERVICE_CLIENT_ID``, ``SERVICE_CLIENT_SECRET`` and, if set,
-        ``SERVICE_TOKEN_STORE_URL``, as :meth:`OAuth2Transport.from_env` does. A setting
-        given by keyword wins: its variable is then not read.
+        Reads ``SERVICE_BASE_URL`` and ``SERVICE_AUTH_URL`` (``/graphql`` and
+        ``/oauth2/token`` are appended unless they end with them), ``SERVICE_CLIENT_ID``,
+        ``SERVICE_CLIENT_SECRET`` and, if set, ``SERVICE_TOKEN_STORE_URL``, as
+        :meth:`OAuth2Transport.from_env` does. A setting given by keyword wins: its
+        variable is then not read; with ``sign_any_origin=True``, ``SERVICE_BASE_URL`` is
+        not read.
 
         Raises:
             ConfigurationError: a variable is missing or empty; the message names it.
@@ -406,6 +493,7 @@ class OAuth2AuthBase:
             endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
             given_or_env(environ, client_id, ENV_CLIENT_ID),
             given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+            url=_env_url(environ, url, kwargs.get("sign_any_origin", False)),
             **kwargs,
         )
 

@@ -127,6 +127,38 @@ def _is_query(text: object, operation_name: object) -> bool:
     return runs_query(document, operation_name)
 
 
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+class ServiceOrigin:
+    """The origin an auth object signs requests to: its service's, given when it is built.
+
+    A client that also calls another service sends that one its requests untouched: no
+    credential, no token fetched for it. ``ServiceOrigin(None)`` signs every request its client
+    sends (``sign_any_origin=True``), and the transports' own signers, whose client sends
+    only to the transport's URL.
+    """
+
+    __slots__ = ("_origin",)
+
+    def __init__(self, url: str | None) -> None:
+        self._origin = None if url is None else _origin_of(url)
+
+    def covers(self, scheme: str, host: str | None, port: int | None) -> bool:
+        """Whether a request to ``scheme://host:port`` is signed (``port`` ``None``: the
+        scheme's default)."""
+        if self._origin is None:
+            return True
+        scheme = scheme.lower()
+        return (scheme, (host or "").lower(), port or _DEFAULT_PORTS.get(scheme)) == self._origin
+
+
+def _origin_of(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
+
+
 class InsecureOrigins:
     """The plain-http check of every request an auth object signs, cached per origin.
 

@@ -75,14 +75,15 @@ _ERRORS = tuple(module.HTTPError for module in _MODULES)
 class ApiKeyAuth(ApiKeyAuthBase, _Auth):
     """An httpx auth that sends the service's API key.
 
-    ``httpx.Client(auth=ApiKeyAuth(client_id, client_secret))``; it fits httpx2 clients
-    too. The arguments and rules are those of
-    :class:`~gql_service_auth._auth_objects.ApiKeyAuthBase`.
+    ``httpx.Client(auth=ApiKeyAuth(client_id, client_secret, url=api_url))``; it fits
+    httpx2 clients too. Requests to other hosts go out untouched. The arguments and rules
+    are those of :class:`~gql_service_auth._auth_objects.ApiKeyAuthBase`.
     """
 
     def auth_flow(self, request: Request) -> Generator[Request, Response, None]:
-        if "Authorization" not in request.headers:  # else the caller's own
-            url = request.url
+        url = request.url
+        # Else the caller's own, or another service's: untouched.
+        if "Authorization" not in request.headers and self._signs(url.scheme, url.host, url.port):
             self._rules.origins.check(url.scheme, url.host)
             request.headers["Authorization"] = self._rules.authorization
         yield request
@@ -91,7 +92,8 @@ class ApiKeyAuth(ApiKeyAuthBase, _Auth):
 class OAuth2Auth(OAuth2AuthBase, _Auth):
     """An httpx auth that sends OAuth 2.0 client-credentials tokens, renewed as needed.
 
-    ``httpx.Client(auth=OAuth2Auth(token_url, client_id, client_secret))``, or an
+    ``httpx.Client(auth=OAuth2Auth(token_url, client_id, client_secret, url=api_url))``
+    (requests to other hosts go out untouched), or an
     ``AsyncClient`` (asyncio or trio); it fits httpx2 clients too. One auth object may
     serve any number of clients, threads and event loops: they share its token and its
     fetches. The arguments and rules are those of
@@ -99,8 +101,8 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
     """
 
     def sync_auth_flow(self, request: Request) -> Generator[Request, Response, None]:
-        if "Authorization" in request.headers:
-            yield request  # the caller's own: neither replaced nor re-sent
+        if not _ours_to_sign(self, request):
+            yield request  # the caller's own, or another service's: untouched
             return
         rules = self._rules_for(request.url)
         replayable = _start(rules, request)
@@ -136,8 +138,8 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
                 reply = None
 
     async def async_auth_flow(self, request: Request) -> AsyncGenerator[Request, Response]:
-        if "Authorization" in request.headers:
-            yield request  # the caller's own: neither replaced nor re-sent
+        if not _ours_to_sign(self, request):
+            yield request  # the caller's own, or another service's: untouched
             return
         rules = self._rules_for(request.url)
         replayable = _start(rules, request)
@@ -175,6 +177,13 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
             else:
                 await rules.tokens.waits(anyio.sleep)(command.seconds)
                 reply = None
+
+
+def _ours_to_sign(auth: OAuth2Auth, request: Request) -> bool:
+    """Whether ``request`` is the auth's to sign: to its service, without the caller's
+    own ``Authorization`` (never replaced nor re-sent)."""
+    url = request.url
+    return "Authorization" not in request.headers and auth._signs(url.scheme, url.host, url.port)
 
 
 def _start(rules: OAuth2Rules, request: Request) -> bool:

@@ -15,7 +15,7 @@ import time
 from functools import partial
 from http.client import HTTPMessage
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from requests.auth import AuthBase
 from requests.cookies import extract_cookies_to_jar
@@ -42,22 +42,32 @@ from ._refusal import Answer
 from ._token import AccessToken
 
 
-def _check_origin(origins: InsecureOrigins, url: str | None) -> None:
+def _service_url(auth: ApiKeyAuthBase | OAuth2AuthBase, url: str | None) -> SplitResult | None:
+    """``url``'s parts when the request goes to ``auth``'s service, else ``None``: a
+    request to another host goes out untouched."""
     parts = urlsplit(url or "")
+    return parts if auth._signs(parts.scheme, parts.hostname, parts.port) else None
+
+
+def _check_origin(origins: InsecureOrigins, parts: SplitResult) -> None:
     origins.check(parts.scheme, parts.hostname or "")
 
 
 class ApiKeyAuth(ApiKeyAuthBase, AuthBase):
     """A requests auth that sends the service's API key.
 
-    ``session.auth = ApiKeyAuth(client_id, client_secret)``, or ``auth=`` per request.
+    ``session.auth = ApiKeyAuth(client_id, client_secret, url=api_url)``, or ``auth=`` per
+    request; requests to other hosts go out untouched.
     The arguments and rules are :class:`~gql_service_auth._auth_objects.ApiKeyAuthBase`'s.
     """
 
     def __call__(self, r: PreparedRequest) -> PreparedRequest:
         if "Authorization" in r.headers:
             return r  # the caller's own
-        _check_origin(self._rules.origins, r.url)
+        parts = _service_url(self, r.url)
+        if parts is None:
+            return r  # another service's
+        _check_origin(self._rules.origins, parts)
         r.headers["Authorization"] = self._rules.authorization
         return r
 
@@ -65,7 +75,8 @@ class ApiKeyAuth(ApiKeyAuthBase, AuthBase):
 class OAuth2Auth(OAuth2AuthBase, AuthBase):
     """A requests auth that sends OAuth 2.0 client-credentials tokens, renewed as needed.
 
-    ``session.auth = OAuth2Auth(token_url, client_id, client_secret)``. One auth object
+    ``session.auth = OAuth2Auth(token_url, client_id, client_secret, url=api_url)``;
+    requests to other hosts go out untouched. One auth object
     may serve any number of sessions and threads: they share its token and its fetches.
     A request waits for a token at most ``retry.timeout`` seconds (plus a grace), whatever
     the request's own ``timeout``. The arguments and rules are those of
@@ -75,8 +86,11 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
     def __call__(self, r: PreparedRequest) -> PreparedRequest:
         if "Authorization" in r.headers:
             return r  # the caller's own: neither replaced nor re-sent
+        parts = _service_url(self, r.url)
+        if parts is None:
+            return r  # another service's: no token is fetched for it
         rules = self._rules_for(r.url)
-        _check_origin(rules.origins, r.url)
+        _check_origin(rules.origins, parts)
         replayable = _replayable(r)
         # A body sent once asks for a token that will outlive its send.
         min_ttl = 0.0 if replayable else rules.refresh_margin

@@ -125,7 +125,9 @@ class _ApiKeySettings(ApiKeyTransportParts, DropsClientInChild):
         allow_insecure_http: bool = False,
         **kwargs: Any,
     ) -> None:
-        signer = ApiKeyAuth(client_id, client_secret, allow_insecure_http=allow_insecure_http)
+        signer = ApiKeyAuth(
+            client_id, client_secret, url=url, allow_insecure_http=allow_insecure_http
+        )
         _client_args(url, kwargs, allow_insecure_http)
         kwargs["auth"] = signer
         super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]

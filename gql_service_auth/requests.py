@@ -139,7 +139,9 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         allow_insecure_http: bool = False,
         **kwargs: Any,
     ) -> None:
-        signer = ApiKeyAuth(client_id, client_secret, allow_insecure_http=allow_insecure_http)
+        signer = ApiKeyAuth(
+            client_id, client_secret, url=url, allow_insecure_http=allow_insecure_http
+        )
         _checked(url, headers, auth, allow_insecure_http, kwargs.get("proxies"))
         super().__init__(
             url, headers, cookies, signer, use_json, timeout, verify, retries, method,

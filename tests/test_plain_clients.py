@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 import requests
 from gql import Client, GraphQLRequest
-from support import COUNT, NO_WAIT, bare_401s, finish, in_child, poll, start_thread
+from support import (
+    COUNT,
+    NO_WAIT,
+    bare_401s,
+    finish,
+    in_child,
+    poll,
+    serving,
+    start_thread,
+)
 
 from gql_service_auth import ConfigurationError, TokenRequestError
 from gql_service_auth import httpx as service_httpx
@@ -19,6 +30,7 @@ from gql_service_auth import requests as service_requests
 from gql_service_auth.emulator import Emulator
 
 QUERY = {"query": "{ carriers(first: 1) { totalCount } }"}
+AUTH_KINDS = ["api_key", "oauth2"]
 ANSWER = {"data": {"carriers": {"totalCount": 25}}}
 
 # httpx, and httpx2 where installed (noxfile.py leaves it out on one Python).
@@ -95,8 +107,97 @@ def test_an_async_httpx_client_and_a_sync_one_share_the_auth_and_its_token(
     assert emulator.counters.token_requests == 1
 
 
+@contextlib.contextmanager
+def another_service() -> Iterator[tuple[str, list[str | None]]]:
+    """Another service on 127.0.0.1 that the same client calls: its URL, and the
+    ``Authorization`` each request brought it."""
+    from aiohttp import web
+
+    seen: list[str | None] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"ok": True})
+
+    with serving(lambda app: app.router.add_route("*", "/{tail:.*}", answer)) as url:
+        yield f"{url}/v1/items", seen
+
+
+def _auth(module: Any, kind: str, emulator: Emulator, **kwargs: Any) -> Any:
+    if kind == "api_key":
+        return module.ApiKeyAuth.from_env(emulator.environ(), **kwargs)
+    return module.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT, **kwargs)
+
+
+@pytest.mark.parametrize("kind", AUTH_KINDS)
+def test_a_requests_session_signs_only_the_requests_to_its_service(
+    emulator: Emulator, kind: str
+) -> None:
+    """The session also calls another host: that one gets no credential, and no token is
+    fetched for it."""
+    with another_service() as (other_url, seen), requests.Session() as session:
+        session.auth = _auth(service_requests, kind, emulator)
+        assert session.post(other_url, json={}).json() == {"ok": True}
+        assert session.post(emulator.graphql_url, json=QUERY).json() == ANSWER
+    assert seen == [None]
+    assert emulator.counters.token_requests == (1 if kind == "oauth2" else 0)
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda module: module.__name__)
+@pytest.mark.parametrize("kind", AUTH_KINDS)
+async def test_httpx_clients_sign_only_the_requests_to_their_service(
+    emulator: Emulator, kind: str, module: Any
+) -> None:
+    """Sync and async clients that also call another host send it no credential."""
+    auth = _auth(service_httpx, kind, emulator)
+    with another_service() as (other_url, seen):
+        async with module.AsyncClient(auth=auth) as client:
+            assert (await client.post(other_url, json={})).json() == {"ok": True}
+            assert (await client.post(emulator.graphql_url, json=QUERY)).json() == ANSWER
+        with module.Client(auth=auth) as sync_client:
+            assert sync_client.post(other_url, json={}).json() == {"ok": True}
+    assert seen == [None, None]
+    assert emulator.counters.token_requests == (1 if kind == "oauth2" else 0)
+
+
+@pytest.mark.parametrize("kind", AUTH_KINDS)
+def test_an_auth_told_to_sign_every_origin_signs_another_host(
+    emulator: Emulator, kind: str
+) -> None:
+    """sign_any_origin=True: the wider scope, asked for explicitly."""
+    with another_service() as (other_url, seen), requests.Session() as session:
+        session.auth = _auth(service_requests, kind, emulator, sign_any_origin=True)
+        session.post(other_url, json={})
+    (header,) = seen
+    assert header is not None
+    assert header.startswith("Bearer " if kind == "oauth2" else "SERVICE-API-KEY ")
+
+
+@pytest.mark.parametrize("module", [service_requests, service_httpx], ids=["requests", "httpx"])
+def test_an_auth_without_its_services_url_is_refused_with_the_ways_to_give_it(
+    emulator: Emulator, module: Any
+) -> None:
+    """No url= (nor SERVICE_BASE_URL for from_env), no sign_any_origin: a clear error."""
+    client = emulator.recent_client
+    with pytest.raises(ConfigurationError, match=r"pass url=.*SERVICE_BASE_URL.*sign_any_origin"):
+        module.ApiKeyAuth(client.client_id, client.client_secret)
+    with pytest.raises(ConfigurationError, match="pass url="):
+        module.OAuth2Auth(emulator.token_url, client.client_id, client.client_secret)
+    environ = {k: v for k, v in emulator.environ().items() if k != "SERVICE_BASE_URL"}
+    with pytest.raises(ConfigurationError, match="SERVICE_BASE_URL"):
+        module.OAuth2Auth.from_env(environ)
+    assert module.OAuth2Auth.from_env(environ, sign_any_origin=True) is not None
+    with pytest.raises(ConfigurationError, match="url= or sign_any_origin=True, not both"):
+        module.ApiKeyAuth(
+            client.client_id, client.client_secret, url=emulator.graphql_url, sign_any_origin=True
+        )
+
+
 def test_credentials_never_go_over_plain_http_to_another_host(emulator: Emulator) -> None:
-    auth = service_httpx.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+    """Signing every origin, a plain-http request to another host is refused; the
+    service's URL in plain http to another host is refused when the auth is built."""
+    environ = emulator.environ()
+    auth = service_httpx.OAuth2Auth.from_env(environ, retry=NO_WAIT, sign_any_origin=True)
     sent: list[object] = []
 
     def record(request: httpx.Request) -> httpx.Response:
@@ -113,8 +214,13 @@ def test_credentials_never_go_over_plain_http_to_another_host(emulator: Emulator
             "POST",
             "http://api.example.com/graphql",
             json=QUERY,
-            auth=service_requests.ApiKeyAuth.from_env(emulator.environ()),
+            auth=service_requests.ApiKeyAuth.from_env(environ, sign_any_origin=True),
         ).prepare()
+    for module in (service_requests, service_httpx):
+        with pytest.raises(
+            ConfigurationError, match=r"over plain http to api\.example\.com \(url\)"
+        ):
+            module.ApiKeyAuth.from_env(environ, url="http://api.example.com/graphql")
     assert sent == []
     assert emulator.counters.token_requests == 0
 

@@ -121,7 +121,9 @@ def test_a_requests_session_never_sends_a_redirected_post_twice(
 ) -> None:
     """The auth object on a plain requests session follows the same rule."""
     with running_redirector(emulator.graphql_url, status) as redirector:
-        auth = service_requests.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+        auth = service_requests.OAuth2Auth.from_env(
+            emulator.environ(), url=redirector.graphql_url, retry=NO_WAIT
+        )
         with requests.Session() as session:
             session.auth = auth
             session.post(redirector.graphql_url, json=RENAME.payload)
@@ -138,7 +140,9 @@ def test_an_httpx_client_never_sends_a_redirected_post_twice(
 ) -> None:
     """The auth object on a plain httpx client follows the same rule."""
     with running_redirector(emulator.graphql_url, status) as redirector:
-        auth = service_httpx.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+        auth = service_httpx.OAuth2Auth.from_env(
+            emulator.environ(), url=redirector.graphql_url, retry=NO_WAIT
+        )
         with httpx.Client(auth=auth, follow_redirects=True) as client:
             client.post(redirector.graphql_url, json=RENAME.payload)
             emulator.revoke_tokens()
@@ -154,7 +158,9 @@ async def test_an_async_httpx_client_never_sends_a_redirected_post_twice(
 ) -> None:
     """The auth object on a plain httpx AsyncClient follows the same rule."""
     with running_redirector(emulator.graphql_url, status) as redirector:
-        auth = service_httpx.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+        auth = service_httpx.OAuth2Auth.from_env(
+            emulator.environ(), url=redirector.graphql_url, retry=NO_WAIT
+        )
         async with httpx.AsyncClient(auth=auth, follow_redirects=True) as client:
             await client.post(redirector.graphql_url, json=RENAME.payload)
             emulator.revoke_tokens()

@@ -176,7 +176,7 @@ def test_an_auth_object_keeps_each_apis_token_apart(live_emulator: Emulator) -> 
     """One plain requests auth, two APIs (origins), one refusing every token: the other's
     requests all succeed, on one token."""
     environ = live_emulator.environ()
-    auth = OAuth2RequestsAuth.from_env(environ, retry=NO_WAIT)
+    auth = OAuth2RequestsAuth.from_env(environ, retry=NO_WAIT, sign_any_origin=True)
     with Emulator().run_in_thread() as other_api, requests.Session() as session:
         session.auth = auth
         statuses: dict[str, list[tuple[int, bool]]] = {"a": [], "b": []}
@@ -215,7 +215,9 @@ def test_requests_an_auth_object_refuses_to_sign_push_out_no_token(
     """Plain http to hosts that are not loopback, refused before the auth keeps anything:
     however many, the token of the API it serves stays (its own, not shared here)."""
     environ = live_emulator.environ()
-    auth = OAuth2RequestsAuth.from_env(environ, retry=NO_WAIT, share_tokens=False)
+    auth = OAuth2RequestsAuth.from_env(
+        environ, retry=NO_WAIT, share_tokens=False, sign_any_origin=True
+    )
     with requests.Session() as session:
         session.auth = auth
         session.post(live_emulator.graphql_url, json={"query": "{ __typename }"})
