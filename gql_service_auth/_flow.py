@@ -67,10 +67,18 @@ Command = NeedToken | Send | Wait
 
 @dataclass(frozen=True, slots=True)
 class Sent(Generic[_R]):
-    """An answer as the decision reads it, and as the stack gave it (``raw``)."""
+    """An answer as the decision reads it, and as the stack gave it (``raw``).
+
+    ``kept`` is what of a bare 401 may outlive the exchange: the token manager keeps it,
+    and what learns of its refusals after it (``_sharing.py``), for the errors of calls
+    that fail while renewals pause. Detached: no secret, no path back to a transport
+    (aiohttp's scrubbed ``Bare401``); ``None`` where the stack's raw answer is a live
+    response, which holds its request's headers and the hooks of the auth that sent it.
+    """
 
     answer: Answer
     raw: _R
+    kept: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +156,7 @@ def settle(
         # Only the first of many requests refused with this token renews it. The raw
         # answer of a bare HTTP 401 is kept: a call failing while renewals are paused
         # ends as that one did.
-        tokens.invalidate(token, answer=sent.raw if sent.answer.bare_401 else None)
+        tokens.invalidate(token, answer=sent.kept if sent.answer.bare_401 else None)
         dropped = True
     return (Action.FAIL if reason is not None else Action.RESEND), dropped, reason
 

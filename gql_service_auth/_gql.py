@@ -161,7 +161,7 @@ def sent(
     """A single request's answer, read for the decision; ``redirected``: it came back
     through a redirect (see :mod:`gql_service_auth._refusal`, rule 5)."""
     if isinstance(raw, Bare401):
-        return Sent(_through(BARE_401, redirected), raw)
+        return Sent(_through(BARE_401, redirected), raw, kept=raw)
     return Sent(_through(Answer.of_results(((raw.errors, raw.data),)), redirected), raw)
 
 
@@ -170,7 +170,7 @@ def sent_batch(
 ) -> Sent[list[ExecutionResult] | Bare401]:
     """A batch's answer, read for the decision (``redirected`` as for :func:`sent`)."""
     if isinstance(raw, Bare401):
-        return Sent(_through(BARE_401, redirected), raw)
+        return Sent(_through(BARE_401, redirected), raw, kept=raw)
     return Sent(_through(Answer.of_results((r.errors, r.data) for r in raw), redirected), raw)
 
 

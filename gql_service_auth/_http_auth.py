@@ -66,7 +66,11 @@ def answer_of(status: int, body: bytes | None) -> Answer | None:
 
     ``body`` is ``None`` when it was not read (not JSON). A body without the word
     ``UNAUTHENTICATED`` refuses nothing and is not parsed: most answers are not refusals.
+    A redirect refuses nothing, whatever its body says: the server answered the request
+    with it, so it ran (rule 5 of :mod:`gql_service_auth._refusal`).
     """
+    if 300 <= status < 400:
+        return None
     if body is not None and _MARK in body:
         try:
             document: Any = json.loads(body)
@@ -150,13 +154,24 @@ class ServiceOrigin:
         if self._origin is None:
             return True
         scheme = scheme.lower()
-        return (scheme, (host or "").lower(), port or _DEFAULT_PORTS.get(scheme)) == self._origin
+        return (scheme, _ascii(host or ""), port or _DEFAULT_PORTS.get(scheme)) == self._origin
 
 
 def _origin_of(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
+    return scheme, _ascii(parts.hostname or ""), parts.port or _DEFAULT_PORTS.get(scheme)
+
+
+def _ascii(host: str) -> str:
+    """``host`` as it goes on the wire: lower case, an international name in punycode
+    (requests gives the one, httpx the other, for the same host)."""
+    if host.isascii():
+        return host.lower()
+    try:
+        return host.encode("idna").decode("ascii").lower()
+    except UnicodeError:  # a name IDNA cannot encode goes nowhere: compared as it is
+        return host.lower()
 
 
 class InsecureOrigins:

@@ -23,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any, Final, ParamSpec, Protocol, TypeVar
+from urllib.parse import quote, quote_plus
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -131,9 +133,9 @@ def redact_chain(exc: BaseException, secrets: Iterable[str] = ()) -> None:
     """
     # A proxy password in aiohttp's record is also in the messages made from it, such as
     # gql's TransportConnectionFailed, higher up the chain.
-    needles = [s for s in secrets if s] + [
-        p for link in _chain(exc) for scrubber in _SCRUBBERS for p in scrubber.passwords(link)
-    ]
+    needles = spellings(
+        [*secrets, *(p for link in _chain(exc) for sc in _SCRUBBERS for p in sc.passwords(link))]
+    )
     for link in _chain(exc):
         try:
             for scrubber in _SCRUBBERS:
@@ -286,10 +288,31 @@ def redact_text(value: object, secrets: Iterable[str]) -> object:
     For text a server echoes back (an error message quoting the API key it refused)
     before it is put in an exception. Values without a secret are returned as they are.
     """
-    needles = [s for s in secrets if s]
+    needles = spellings(secrets)
     if not needles:
         return value
     return _replace(value, needles, {})
+
+
+def spellings(secrets: Iterable[str]) -> list[str]:
+    """Each of ``secrets`` as a server may quote it back: as sent, JSON-escaped (with
+    ``\\/`` as PHP writes it, ``\\u003c`` for ``<``, ``>`` and ``&`` as Go does) and
+    percent-encoded; the longest first, so that one that holds another goes whole."""
+    found: set[str] = set()
+    for secret in secrets:
+        if not secret:
+            continue
+        escaped = json.dumps(secret)[1:-1]
+        html_safe = escaped.replace("<", "\\u003c").replace(">", "\\u003e")
+        found |= {
+            secret,
+            escaped,
+            escaped.replace("/", "\\/"),
+            html_safe.replace("&", "\\u0026"),
+            quote(secret, safe=""),
+            quote_plus(secret, safe=""),
+        }
+    return sorted(found, key=len, reverse=True)
 
 
 def _replace(value: object, needles: list[str], memo: dict[int, object]) -> object:

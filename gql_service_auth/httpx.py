@@ -126,7 +126,7 @@ class _ApiKeySettings(ApiKeyTransportParts, DropsClientInChild):
         **kwargs: Any,
     ) -> None:
         signer = ApiKeyAuth(
-            client_id, client_secret, url=url, allow_insecure_http=allow_insecure_http
+            client_id, client_secret, url=str(url), allow_insecure_http=allow_insecure_http
         )
         _client_args(url, kwargs, allow_insecure_http)
         kwargs["auth"] = signer

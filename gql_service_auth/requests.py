@@ -140,7 +140,7 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         **kwargs: Any,
     ) -> None:
         signer = ApiKeyAuth(
-            client_id, client_secret, url=url, allow_insecure_http=allow_insecure_http
+            client_id, client_secret, url=str(url), allow_insecure_http=allow_insecure_http
         )
         _checked(url, headers, auth, allow_insecure_http, kwargs.get("proxies"))
         super().__init__(

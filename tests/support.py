@@ -890,10 +890,11 @@ class Redirector:
 
 
 @contextlib.contextmanager
-def running_redirector(api_url: str, status: int) -> Iterator[Redirector]:
-    """A :class:`Redirector` on 127.0.0.1 answering ``status``; ``/hop`` (any method) asks
-    ``api_url`` the COUNT query with the hop's ``Authorization``, and answers what it
-    answered: a refusal of the token, or the count. Stopped, whatever happens."""
+def running_redirector(api_url: str, status: int, body: object = None) -> Iterator[Redirector]:
+    """A :class:`Redirector` on 127.0.0.1 answering ``status`` (with ``body`` as JSON, if
+    given); ``/hop`` (any method) asks ``api_url`` the COUNT query with the hop's
+    ``Authorization``, and answers what it answered: a refusal of the token, or the count.
+    Stopped, whatever happens."""
     from aiohttp import web
 
     redirector = Redirector("")
@@ -902,7 +903,9 @@ def running_redirector(api_url: str, status: int) -> Iterator[Redirector]:
     async def graphql(request: web.Request) -> web.Response:
         await request.read()
         redirector.ran += 1
-        return web.Response(status=status, headers={"Location": "/hop"})
+        if body is None:
+            return web.Response(status=status, headers={"Location": "/hop"})
+        return web.json_response(body, status=status, headers={"Location": "/hop"})
 
     async def hop(request: web.Request) -> web.Response:
         await request.read()

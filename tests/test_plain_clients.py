@@ -193,6 +193,33 @@ def test_an_auth_without_its_services_url_is_refused_with_the_ways_to_give_it(
         )
 
 
+@pytest.mark.parametrize(
+    "url", ["https://bücher.example/graphql", "https://xn--bcher-kva.example/graphql"]
+)
+def test_an_international_host_is_the_same_origin_however_it_is_spelt(
+    emulator: Emulator, url: str
+) -> None:
+    """requests spells the host in punycode, httpx in Unicode: either way it is signed."""
+    environ = emulator.environ()
+    sent: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=ANSWER)
+
+    auth = service_httpx.ApiKeyAuth.from_env(environ, url=url)
+    with httpx.Client(auth=auth, transport=httpx.MockTransport(record)) as client:
+        client.post("https://bücher.example/graphql", json=QUERY)  # no network: a mock
+    prepared = requests.Request(
+        "POST",
+        "https://bücher.example/graphql",
+        json=QUERY,
+        auth=service_requests.ApiKeyAuth.from_env(environ, url=url),
+    ).prepare()
+    assert "SERVICE-API-KEY" in sent[0].headers["Authorization"]
+    assert "SERVICE-API-KEY" in prepared.headers["Authorization"]
+
+
 def test_credentials_never_go_over_plain_http_to_another_host(emulator: Emulator) -> None:
     """Signing every origin, a plain-http request to another host is refused; the
     service's URL in plain http to another host is refused when the auth is built."""

@@ -101,6 +101,22 @@ def test_a_post_answered_with_a_redirect_runs_once_when_its_redirect_is_refused(
     assert emulator.counters.token_requests == 2
 
 
+@pytest.mark.parametrize("status", [303, 307])
+def test_a_redirect_whose_own_body_says_unauthenticated_refuses_nothing(
+    way: Way, oauth2: Callable[[str], Any], emulator: Emulator, status: int
+) -> None:
+    """The redirect answered the POST, whatever its body says: the POST runs once, and the
+    request it led to answers (before, on requests: the POST sent 4 times)."""
+    refusal = {
+        "data": None,
+        "errors": [{"message": "no", "extensions": {"code": "UNAUTHENTICATED"}}],
+    }
+    with running_redirector(emulator.graphql_url, status, body=refusal) as redirector:
+        assert way.run(oauth2(redirector.graphql_url), [Call(RENAME)]) == [COUNTED]
+    assert redirector.ran == 1
+    assert emulator.counters.token_requests == 1
+
+
 @pytest.mark.parametrize("way", WAYS, ids=lambda way: way.name)  # those that send it alone
 def test_the_request_a_redirect_led_to_keeps_its_method_when_sent_again(
     way: Way, oauth2: Callable[[str], Any], emulator: Emulator

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import json
 import logging
+import urllib.parse
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import date
@@ -1114,6 +1115,26 @@ def test_a_credential_quoted_in_a_response_header_only_shows_nowhere_in_the_chai
     emulator.fail_graphql_requests(1, 502, body=b"bad gateway", headers=echo)
     error = _failed_call(way, transport)
     assert shown(error, [emulator.recent_client.client_secret, *_sent(emulator)]) == []
+
+
+@pytest.mark.usefixtures("quiet_stacks", "no_resource_left_open")
+def test_a_secret_quoted_back_escaped_or_encoded_shows_nowhere_in_the_chain(
+    emulator: Emulator, clock: ManualClock, way: Way
+) -> None:
+    """A page quoting the key JSON-escaped (PHP's \\/, Go's \\u003c) and percent-encoded:
+    each spelling is scrubbed, in the body and in a header."""
+    secret = "s3cr3t/KEY+9x=Q7w<&>"
+    client = ClientRecord("escaped-client", secret, date(2025, 2, 1))
+    emulator.clients[client.client_id] = client
+    transport = way.api_key(emulator.graphql_url, client_id=client.client_id, client_secret=secret)
+    php = json.dumps(secret)[1:-1].replace("/", "\\/")
+    go = json.dumps(secret)[1:-1].replace("<", "\\u003c").replace(">", "\\u003e")
+    go = go.replace("&", "\\u0026")
+    encoded = urllib.parse.quote(secret, safe="")
+    page = json.dumps({"php": php, "go": go}).encode() + f" {encoded}".encode()
+    emulator.fail_graphql_requests(1, 502, body=page, headers={"X-Echo": encoded})
+    error = _failed_call(way, transport)
+    assert shown(error, [secret, php, go, encoded]) == []
 
 
 @pytest.mark.parametrize("method", ["api_key", "oauth2"])

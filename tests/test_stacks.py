@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 from gql import Client, FileVar, GraphQLRequest
+from gql.transport import httpx as gql_httpx
 from gql.transport.exceptions import (
     TransportConnectionFailed,
     TransportQueryError,
@@ -27,9 +28,11 @@ from support import (
     RENAME,
     UPLOAD,
     bare_401s,
+    collect_garbage,
     exception_chain,
     refused_tenant_cost,
     shown,
+    tenants,
     upload,
 )
 from ways import WAYS, Call, Way, calls
@@ -42,6 +45,7 @@ from gql_service_auth import (
     UnauthenticatedError,
     UnauthenticatedHTTPError,
 )
+from gql_service_auth._sharing import SHARED
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
 
 ANSWER = {"carriers": {"totalCount": 25}}
@@ -484,3 +488,32 @@ def test_transports_built_per_call_cost_what_one_transport_costs_while_fresh_tok
         return refused_tenant_cost(build, call, emulator, clock, per_call=per_call, calls=12)
 
     assert cost(per_call=True) == cost(per_call=False) == 8
+
+
+def test_transports_refused_with_bare_401s_leave_no_token_manager_behind(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    """Per-call transports of tenants an API refuses with bare 401s: what their refusals
+    taught is kept, and their token managers (secret, tokens, responses) go (before: one
+    kept for good per tenant, through the kept 401 response)."""
+    with Emulator().run_in_thread() as elsewhere:
+        bare_401s(elsewhere)  # knows none of these tokens: every one refused, no body
+        for client in tenants(emulator, 12):
+            (outcome,) = way.run(oauth2(client=client, url=elsewhere.graphql_url), [Call(COUNT)])
+            assert isinstance(outcome, UnauthenticatedHTTPError), outcome
+            del outcome
+            collect_garbage()
+    assert len(SHARED) <= 1  # the last, until the next transport is built
+
+
+def test_the_transports_take_the_api_url_as_their_stacks_url_object(
+    way: Way, emulator: Emulator
+) -> None:
+    """gql's httpx transports take an httpx.URL: ours, API key included, take it too."""
+    if way.name == "requests":
+        url: Any = emulator.graphql_url
+    else:  # httpx2's where installed: gql imports it first
+        url = gql_httpx.httpx.URL(emulator.graphql_url)
+    client = emulator.recent_client
+    transport = way.api_key(url, client_id=client.client_id, client_secret=client.client_secret)
+    assert way.one(transport, Call(COUNT)) == ANSWER

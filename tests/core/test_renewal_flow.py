@@ -300,12 +300,18 @@ def test_a_refused_token_read_from_a_store_earns_one_more_send_once(
 
 
 @DRIVERS
-def test_a_bare_401_is_kept_with_the_token_it_dropped(run: Callable[..., Outcome[str]]) -> None:
+def test_what_a_bare_401_keeps_is_kept_with_the_token_it_dropped(
+    run: Callable[..., Outcome[str]],
+) -> None:
+    """What the stack keeps of a bare 401 (detached from the exchange), never its raw
+    answer: a live response leads back to the transport, and holds the token."""
     ledger = Ledger()
-    bare = Sent(BARE_401, "401")
-    service = Service(ledger, [bare, OK])
+    service = Service(ledger, [Sent(BARE_401, "401 response", kept="401 detached"), OK])
     run(service, flow(ledger))
-    assert ledger.last_answer == "401"
+    assert ledger.last_answer == "401 detached"
+    ledger = Ledger()
+    run(Service(ledger, [Sent(BARE_401, "401 response"), OK]), flow(ledger))
+    assert ledger.last_answer is None
 
 
 @DRIVERS
