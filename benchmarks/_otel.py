@@ -92,9 +92,18 @@ async def _measure(mode: str, url: str, token_url: str, requests: int, fetches: 
     }
     if sdk is not None:
         exporter, reader = sdk
-        await asyncio.sleep(0.2)  # the last fetch's span ends just after its token is out
-        spans = exporter.get_finished_spans()
-        result["spans"] = sum(1 for s in spans if s.name == "gql_service_auth.fetch_token")
+
+        def fetch_spans() -> int:
+            spans = exporter.get_finished_spans()
+            return sum(1 for s in spans if s.name == "gql_service_auth.fetch_token")
+
+        # The last fetch's span ends just after its token is out: wait for it (every fetch
+        # and the first token), on a busy machine too, for 30 s at most.
+        for _ in range(3000):
+            if fetch_spans() >= fetches + 1:
+                break
+            await asyncio.sleep(0.01)
+        result["spans"] = fetch_spans()
         points = [
             point.value
             for resource in reader.get_metrics_data().resource_metrics

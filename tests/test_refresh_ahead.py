@@ -21,6 +21,7 @@ import pytest
 from gql import Client
 from support import (
     COUNT,
+    HANG_GUARD,
     execute_on_threads,
     quiet,
     renewed,
@@ -62,12 +63,14 @@ async def test_queries_past_renew_at_use_the_current_token_while_one_renewal_run
         assert transport.token is not None
         first = transport.token.authorization
         clock.advance(TTL - MARGIN + 1)
-        emulator.token_latency = 1.0  # the renewal is in flight throughout the queries
-        await asyncio.gather(*(session.execute(COUNT) for _ in range(100)))
-        # All 100 were answered while the renewal was still waiting for its answer.
-        assert transport.token.generation == 1
-        assert emulator.counters.token_requests == 2
-        assert sent_tokens(emulator) == [first] * 101
+        emulator.freeze_token_endpoint(HANG_GUARD)  # the renewal held throughout the queries
+        try:
+            await asyncio.gather(*(session.execute(COUNT) for _ in range(100)))
+            # All 100 were answered while the renewal was still waiting for its answer.
+            assert transport.token.generation == 1
+            assert sent_tokens(emulator) == [first] * 101
+        finally:
+            emulator.freeze_token_endpoint(0)
         await wait_until(renewed(transport, 2))
         await session.execute(COUNT)
     assert transport.token.authorization != first
@@ -228,9 +231,12 @@ def test_sync_callers_get_the_renewal_their_call_started(
     assert transport.token is not None
     first = transport.token.authorization
     clock.advance(TTL - MARGIN + 1)
-    emulator.token_latency = 0.3
-    assert execute_on_threads(transport) == []  # back before the renewal lands; loop closed
-    assert transport.token.generation == 1
+    emulator.freeze_token_endpoint(HANG_GUARD)  # the renewal held until the call is back
+    try:
+        assert execute_on_threads(transport) == []  # back before the renewal lands; loop closed
+        assert transport.token.generation == 1
+    finally:
+        emulator.freeze_token_endpoint(0)
     asyncio.run(wait_until(renewed(transport, 2)))
     assert execute_on_threads(transport) == []
     gc.collect()
@@ -343,13 +349,16 @@ def test_threads_past_renew_at_share_one_background_renewal(
 ) -> None:
     """8 threads' blocking calls past renew_at all go out at once; one renewal for them all."""
     transport = make_oauth2()
-    emulator.token_latency = 0.3
     assert execute_on_threads(transport) == []
     clock.advance(TTL - MARGIN + 1)
-    assert execute_on_threads(transport, 8) == []
-    assert transport.token is not None
-    first = transport.token.authorization
-    assert sent_tokens(emulator) == [first] * 9
+    emulator.freeze_token_endpoint(HANG_GUARD)  # the renewal held until all 8 are back
+    try:
+        assert execute_on_threads(transport, 8) == []
+        assert transport.token is not None
+        first = transport.token.authorization
+        assert sent_tokens(emulator) == [first] * 9
+    finally:
+        emulator.freeze_token_endpoint(0)
     asyncio.run(wait_until(renewed(transport, 2)))
     assert emulator.counters.token_requests == 2
 
@@ -499,10 +508,15 @@ async def test_refusal_during_background_renewal_joins_it(
     async with Client(transport=transport) as session:
         await session.execute(COUNT)
         clock.advance(TTL - MARGIN + 1)
-        emulator.token_latency = 0.3
-        await session.execute(COUNT)  # background flight
-        emulator.revoke_tokens()
-        results = await asyncio.gather(*(session.execute(COUNT) for _ in range(20)))
+        emulator.freeze_token_endpoint(HANG_GUARD)  # held until all 20 were refused
+        try:
+            await session.execute(COUNT)  # background flight
+            emulator.revoke_tokens()
+            queries = asyncio.gather(*(session.execute(COUNT) for _ in range(20)))
+            await wait_until(lambda: emulator.counters.unauthenticated_responses == 20)
+        finally:
+            emulator.freeze_token_endpoint(0)
+        results = await queries
     assert len(results) == 20
     assert emulator.counters.token_requests == 2
     assert transport.token is not None

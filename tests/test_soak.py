@@ -27,5 +27,5 @@ def test_soak_script_runs_in_tiny_mode() -> None:
     assert completed.returncode == 0, completed.stderr
     figures = json.loads(completed.stdout)
     assert figures["queries_ok"] > 0
-    assert figures["token_requests"] >= 1
+    assert figures["token_requests"] >= 2  # 3 s of 1 s tokens: renewed, however slowly
     assert {"queries_failed", "token_requests_most", "rss_end_mb"} <= set(figures)

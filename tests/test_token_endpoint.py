@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -337,18 +338,26 @@ def test_a_slow_resolver_does_not_stretch_a_fetch_past_its_bound(
     make_oauth2: Callable[..., OAuth2Transport],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """getaddrinfo stuck for 10 s: the fetch ends in TokenRequestError at its 0.5 s bound."""
+    """getaddrinfo stuck until the test lets it go: the fetch ends in TokenRequestError at
+    its 0.5 s bound, while the resolver is still stuck (before: the error came out only
+    once the resolver returned)."""
     real_getaddrinfo = socket.getaddrinfo
+    release, returned = threading.Event(), threading.Event()
 
-    def slow(host: Any, *args: Any, **kwargs: Any) -> Any:
+    def stuck(host: Any, *args: Any, **kwargs: Any) -> Any:
         if host == "localhost":
-            time.sleep(10)  # then the fetch would succeed: the outcome shows the bound
+            release.wait(HANG_GUARD)
+            returned.set()
         return real_getaddrinfo(host, *args, **kwargs)
 
-    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
     token_url = emulator.token_url.replace("127.0.0.1", "localhost")
     transport = make_oauth2(token_url=token_url, retry=RetryPolicy(timeout=0.5, wait_jitter=0))
-    outcome = finish(start_thread(lambda: sync_execute(transport, 60)))
+    try:
+        outcome = finish(start_thread(lambda: sync_execute(transport, 2 * HANG_GUARD)))
+        assert not returned.is_set(), "the outcome waited for the resolver"
+    finally:
+        release.set()
     assert isinstance(outcome, TokenRequestError)
 
 
