@@ -217,7 +217,8 @@ def _plain_http_refusal(scheme: str, host: str) -> str:
     return (
         f"refusing to send credentials over plain http to {host} through the proxy at "
         f"{proxy} that the environment names (http_proxy): it would read them. Add {host} "
-        f"to NO_PROXY, or {fix}"
+        f"to NO_PROXY, or {fix}. (A proxy set on the client itself is not seen by the auth: "
+        "through one, use the service's https:// URL.)"
     )
 
 
