@@ -134,6 +134,12 @@ class AuthenticatingTransport(AIOHTTPTransport):
     # The post arguments of the credential last sent without extra_args (see SharedArgs).
     _shared_args: SharedArgs | None = None
 
+    async def _get_json_result(self, response: aiohttp.ClientResponse) -> Any:
+        # gql reads every answer here, bare 401s included, in the caller's context:
+        # whether it came through a redirect is noted for a send that watches for it.
+        note_redirect(response)
+        return await super()._get_json_result(response)
+
     def __init__(
         self,
         url: str | URL,

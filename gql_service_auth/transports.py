@@ -22,7 +22,6 @@ from http.cookies import BaseCookie, Morsel  # noqa: F401
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from aiohttp import ClientResponse
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
 from gql.graphql_request import GraphQLRequest
@@ -32,7 +31,6 @@ from yarl import URL
 
 from ._aiohttp import (
     AuthenticatingTransport,
-    note_redirect,
     transport_error,
     watching_redirects,
     with_authorization,
@@ -566,12 +564,6 @@ class OAuth2Transport(AuthenticatingTransport):
         sleep = self._tokens.waits(asyncio.sleep)
         outcome = await drive_async(flow, get_token=self._get, send=send, sleep=sleep)
         return settled(outcome, self._tokens.refusal_answer, self._secrets)
-
-    async def _get_json_result(self, response: ClientResponse) -> Any:
-        # gql reads every answer here, bare 401s included, in the caller's context:
-        # whether it came through a redirect is noted for the send that awaits it.
-        note_redirect(response)
-        return await super()._get_json_result(response)
 
     def _get(self, need: NeedToken) -> Awaitable[AccessToken]:
         return self._tokens.get(min_ttl=need.min_ttl, after=need.newer_than)
