@@ -25,13 +25,19 @@ ENV_CLIENT_SECRET: Final = "SERVICE_CLIENT_SECRET"
 """Environment variable: the Client Secret created in the web console."""
 
 ENV_TOKEN_STORE_URL: Final = "SERVICE_TOKEN_STORE_URL"
-"""Environment variable, optional: a ``file:///dir`` or ``redis://`` (``rediss://``,
-``unix://``) URL.
+"""Environment variable, optional: a ``file:///dir`` or a Redis URL: ``redis://``
+(``rediss://``, ``unix://``), ``redis+cluster://`` or ``redis+sentinel://``.
 
 When set, :meth:`OAuth2Transport.from_env` shares tokens through that directory, with the
 other processes of the host (:class:`~gql_service_auth.local.LocalTokenStore`, the
 ``[local]`` extra), or through that Redis (:class:`~gql_service_auth.redis.RedisTokenStore`,
 the ``[redis]`` extra).
+"""
+
+ENV_TOKEN_STORE_CONNECT_TIMEOUT: Final = "SERVICE_TOKEN_STORE_CONNECT_TIMEOUT"
+"""Environment variable, optional: seconds a call of the ``SERVICE_TOKEN_STORE_URL`` store
+may wait for the store to be set up (connected, TLS done, cluster discovered) before its
+own timeout runs (the stores' ``connect_timeout=``; ``STORE_CONNECT_TIMEOUT`` when unset).
 """
 
 ENV_TOKEN_STORE_TIMEOUT: Final = "SERVICE_TOKEN_STORE_TIMEOUT"
@@ -126,6 +132,23 @@ STORE_TIMEOUT: Final = 0.25
 
 Short, and never retried by the client: the process then fetches its token itself, so
 a slow or absent Redis costs a request at most this long.
+"""
+
+STORE_CONNECT_TIMEOUT: Final = 2.0
+"""Seconds a store call may wait for the store to be ready before its own ``timeout`` runs.
+
+Ready means set up (a Redis connection opened, TLS and AUTH done, a cluster discovered, the
+scripts loaded; SQLite opened) and a turn to run. The first call of a process pays it; on a
+busy host, or with a Redis far away, it takes several round trips, which
+``STORE_TIMEOUT`` is not meant to cover. A store that cannot be reached at all fails at once.
+"""
+
+STORE_IDENTITIES_KEPT: Final = 128
+"""Sets of credentials a store keeps derived keys for, the most recently used.
+
+Twice the token managers a process keeps (``SHARED_TOKENS_KEPT``): beyond it, the keys of
+an identity are derived again (microseconds), rather than kept, with its client secret,
+for as long as the process lives.
 """
 
 STORE_COOLDOWN: Final = 10.0

@@ -18,10 +18,12 @@ from ._constants import (
     ENV_BASE_URL,
     ENV_CLIENT_ID,
     ENV_CLIENT_SECRET,
+    ENV_TOKEN_STORE_CONNECT_TIMEOUT,
     ENV_TOKEN_STORE_TIMEOUT,
     ENV_TOKEN_STORE_URL,
     FETCH_GRACE,
     GRAPHQL_PATH,
+    STORE_CONNECT_TIMEOUT,
     STORE_TIMEOUT,
     TOKEN_PATH,
 )
@@ -62,42 +64,59 @@ def store_from_env(environ: Mapping[str, str]) -> TokenStore | None:
 
     One per URL: a transport per job must not open a store per job. ``file:///dir`` is a
     :class:`~gql_service_auth.local.LocalTokenStore` in that directory; ``redis://``,
-    ``rediss://`` and ``unix://`` URLs are a :class:`~gql_service_auth.redis.RedisTokenStore`.
+    ``rediss://``, ``unix://``, ``redis+cluster://`` and ``redis+sentinel://`` URLs (and
+    their ``rediss+`` forms) are a :class:`~gql_service_auth.redis.RedisTokenStore`.
+    ``SERVICE_TOKEN_STORE_TIMEOUT`` and ``SERVICE_TOKEN_STORE_CONNECT_TIMEOUT`` set its
+    bounds.
 
     Raises:
-        ConfigurationError: a URL of another form.
+        ConfigurationError: a URL of another form, or a bound that is no number of seconds.
         ImportError: the extra the URL needs is not installed: ``[local]`` for ``file://``,
             ``[redis]`` for Redis.
     """
     url = environ.get(ENV_TOKEN_STORE_URL, "").strip()
     if not url:
         return None
-    timeout = _store_timeout(environ)
+    timeout = _seconds(environ, ENV_TOKEN_STORE_TIMEOUT, STORE_TIMEOUT)
+    connect_timeout = _seconds(environ, ENV_TOKEN_STORE_CONNECT_TIMEOUT, STORE_CONNECT_TIMEOUT)
     # Imported only here: each extra's module is the one place that needs its dependency.
     if url.startswith("file://"):
         from .local import shared_store as local_store
 
-        return local_store(url, timeout=timeout)
-    if url.startswith(("redis://", "rediss://", "unix://")):
+        return local_store(url, timeout=timeout, connect_timeout=connect_timeout)
+    if url.startswith(REDIS_SCHEMES):
         from .redis import shared_store
 
-        return shared_store(url, timeout=timeout)
+        return shared_store(url, timeout=timeout, connect_timeout=connect_timeout)
     raise ConfigurationError(
         f"{ENV_TOKEN_STORE_URL} must be a file:///absolute/directory URL (a store on this "
-        "host) or a redis://, rediss:// or unix:// URL (Redis)"
+        "host) or a Redis URL: redis://, rediss:// or unix://, redis+cluster:// (a Redis "
+        "Cluster) or redis+sentinel:// (Sentinel), with rediss+ for TLS"
     )
 
 
-def _store_timeout(environ: Mapping[str, str]) -> float:
-    """``SERVICE_TOKEN_STORE_TIMEOUT`` in seconds, or the stores' default when unset."""
-    text = environ.get(ENV_TOKEN_STORE_TIMEOUT, "").strip()
+REDIS_SCHEMES = (
+    "redis://",
+    "rediss://",
+    "unix://",
+    "redis+cluster://",
+    "rediss+cluster://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+)
+"""The URL forms of a Redis store (``_redis_clients.SCHEMES``, which needs redis-py)."""
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    """The variable ``name`` in seconds, or ``default`` when unset."""
+    text = environ.get(name, "").strip()
     if not text:
-        return STORE_TIMEOUT
+        return default
     try:
         seconds: object = float(text)
     except ValueError:
         seconds = text
-    check_seconds(ENV_TOKEN_STORE_TIMEOUT, seconds, positive=True)
+    check_seconds(name, seconds, positive=True)
     return float(text)
 
 

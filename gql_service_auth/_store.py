@@ -11,16 +11,23 @@ ID). :class:`TokenStore` is the protocol a shared store implements; the Redis on
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import math
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from . import _fork
+from ._constants import STORE_IDENTITIES_KEPT
+from ._errors import ConfigurationError
 from ._loop_thread import LoopThread
 
 _T = TypeVar("_T")
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -107,9 +114,11 @@ class TokenStore(Protocol):
     short-lived thread of its own: an implementation must not keep state bound to the
     calling loop. Any exception a method raises, and any call that outlasts ``timeout``,
     counts as the store being unavailable: the process then fetches its token itself.
-    Two attributes are optional: a store whose ``closed`` is true is skipped quietly, and
+    Three attributes are optional: a store whose ``closed`` is true is skipped quietly;
     its ``location`` (a text with no secret, such as ``redis://host:6379/0``) names it in
-    ``token_store_failed`` events.
+    ``token_store_failed`` events; and a store with a ``connect_timeout`` bounds its calls
+    itself, each by ``connect_timeout`` to be ready (connected, its turn come) and then by
+    ``timeout`` to answer, so that its set-up and queue do not count against ``timeout``.
 
     Attributes:
         timeout: Seconds each call may take before the store counts as unavailable.
@@ -164,6 +173,124 @@ class TokenStore(Protocol):
         ...
 
 
+class StoreTimeout(TimeoutError):
+    """A store call that was not ready, or did not answer, in time; says which (internal)."""
+
+
+class StoreFault(Exception):
+    """A store's error with its cause and fix in words (internal).
+
+    Attributes:
+        error: The class name of the error behind it, as events name it.
+    """
+
+    def __init__(self, error: str, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+async def call_on_thread(
+    loop: LoopThread,
+    body: Callable[[Callable[[], None]], Coroutine[Any, Any, _T]],
+    *,
+    connect_timeout: float,
+    timeout: float,
+) -> _T:
+    """Run ``body(started)`` on ``loop``: ``connect_timeout`` to call ``started()``, then
+    ``timeout`` to finish.
+
+    ``body`` sets its store up, or waits for a set-up under way, and for its turn, then
+    calls ``started()`` and makes its call: a first call that connects, or a call queued
+    behind a burst, is not cut off by the short bound meant for one round trip. Cancelling
+    the caller, or a bound that runs out, cancels ``body``.
+
+    Raises:
+        StoreTimeout: a bound ran out; its message says which.
+        LoopClosed: the loop is closed.
+    """
+    began: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def started() -> None:
+        if not began.done():
+            began.set_result(None)
+
+    outcome: asyncio.Future[Any] = asyncio.wrap_future(loop.submit(body(started)))
+    ready: asyncio.Future[Any] = asyncio.wrap_future(began)
+    try:
+        done, _ = await asyncio.wait(
+            {outcome, ready}, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not done:
+            raise StoreTimeout(f"not connected within {connect_timeout:g} s (connect_timeout)")
+        if outcome not in done:
+            await asyncio.wait({outcome}, timeout=timeout)
+            if not outcome.done():
+                raise StoreTimeout(f"no answer within {timeout:g} s")
+        result: _T = outcome.result()
+        return result
+    finally:
+        ready.cancel()
+        if not outcome.done():
+            outcome.cancel()  # cancels the call on the store's loop too
+
+
+class Remembered(Generic[_V]):
+    """What a store derived for each identity (names, keys), for the most recent ones only.
+
+    A process that serves many tenants, or whose secrets rotate, would otherwise keep an
+    entry, secret-derived keys in it, for every identity it ever served. Thread-safe.
+
+    Args:
+        derive: Makes the entry of an identity; called again for one forgotten.
+        size: How many are kept.
+    """
+
+    def __init__(
+        self, derive: Callable[[TokenIdentity], _V], size: int = STORE_IDENTITIES_KEPT
+    ) -> None:
+        self._derive = derive
+        self._size = size
+        self._kept: OrderedDict[TokenIdentity, _V] = OrderedDict()
+        self._lock = threading.Lock()
+        _fork.reset_in_child(self)
+
+    def __repr__(self) -> str:
+        return f"<remembered: {len(self._kept)} of {self._size}>"
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def of(self, identity: TokenIdentity) -> _V:
+        with self._lock:
+            value = self._kept.get(identity)
+            if value is not None:
+                self._kept.move_to_end(identity)
+                return value
+        value = self._derive(identity)  # outside the lock: derivation takes a moment
+        with self._lock:
+            self._kept[identity] = value
+            self._kept.move_to_end(identity)
+            while len(self._kept) > self._size:
+                self._kept.popitem(last=False)
+        return value
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+
+
+def checked_seconds(**values: object) -> dict[str, float]:
+    """Each of a store's bounds as a float; ConfigurationError for one that is not a
+    number of seconds (``cooldown`` may be 0, the others must be more, and finite)."""
+    checked = {}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ConfigurationError(f"{name} must be a number of seconds, at least 0")
+        if name != "cooldown" and not 0 < value < math.inf:
+            raise ConfigurationError(f"{name} must be more than 0 seconds, and finite")
+        checked[name] = float(value)
+    return checked
+
+
 _Store = TypeVar("_Store", bound="StoreOnItsThread")
 
 
@@ -173,17 +300,22 @@ class _OnItsThread(Protocol):
     @property
     def loop(self) -> LoopThread: ...
 
+    async def ready(self) -> None:
+        """Set up what lives on the loop (once; again after a failure), on the loop."""
+        ...
+
 
 class StoreOnItsThread(TokenStore):
     """The life cycle of a store that runs its calls on a loop thread of its own (Redis,
     local): closing, context managers, and the settings a token manager reads.
 
-    A subclass sets ``_timeout``, ``_cooldown``, ``_location``, ``_closed``, ``_running``
-    (whose ``loop`` is the :class:`~._loop_thread.LoopThread`) and ``_finalizer`` (closes
-    what lives on that loop and stops it, once).
+    A subclass sets ``_timeout``, ``_connect_timeout``, ``_cooldown``, ``_location``,
+    ``_closed``, ``_running`` (whose ``loop`` is the :class:`~._loop_thread.LoopThread`)
+    and ``_finalizer`` (closes what lives on that loop and stops it, once).
     """
 
     _timeout: float
+    _connect_timeout: float
     _cooldown: float
     _location: str
     _closed: bool
@@ -206,9 +338,29 @@ class StoreOnItsThread(TokenStore):
         return self._timeout
 
     @property
+    def connect_timeout(self) -> float:
+        """Seconds a call may wait to be ready (the store set up, its turn come) before
+        ``timeout`` starts."""
+        return self._connect_timeout
+
+    @property
     def cooldown(self) -> float:
         """Seconds the store is left alone after a failed or slow call."""
         return self._cooldown
+
+    def prepare(self) -> None:
+        """Start setting the store up now, in the background, rather than on first need.
+
+        Connecting (TLS, discovering a cluster, loading scripts; opening SQLite) then
+        overlaps the rest of the process's start-up. Returns at once; a failure is not
+        raised (the first call meets it, and tries again). Transports call it when they
+        are given the store.
+        """
+        if self.closed:
+            return
+        running = self._running  # not the store: nothing on its loop may refer to it
+        with contextlib.suppress(RuntimeError):  # closed meanwhile (LoopClosed)
+            running.loop.submit(running.ready()).add_done_callback(_ignore_outcome)
 
     def close(self) -> None:
         """Close the store and stop its thread; the store is then unusable.
@@ -239,36 +391,46 @@ class StoreOnItsThread(TokenStore):
         await self.aclose()
 
 
+def _ignore_outcome(future: concurrent.futures.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: a failed prepare() is the first call's to meet
+
+
 _S = TypeVar("_S")
 
 
+Timeouts = tuple[float, float]
+"""A store's ``timeout`` and ``connect_timeout``."""
+
+
 class StoresByUrl(Generic[_S]):
-    """The process's one store per URL and timeout, for ``from_env()``: transports built
+    """The process's one store per URL and timeouts, for ``from_env()``: transports built
     one per job share it, rather than each opening a store. One that was closed is replaced.
 
     Args:
-        open_store: Opens the store of a URL with a timeout (and marks it as the shared one).
+        open_store: Opens the store of a URL with its timeouts (and marks it as the shared
+            one).
         closed: Whether a store was closed.
     """
 
     def __init__(
-        self, open_store: Callable[[str, float], _S], closed: Callable[[_S], bool]
+        self, open_store: Callable[[str, Timeouts], _S], closed: Callable[[_S], bool]
     ) -> None:
         self._open = open_store
         self._closed = closed
-        self._by_url: dict[tuple[str, float], _S] = {}
+        self._by_url: dict[tuple[str, Timeouts], _S] = {}
         self._lock = threading.Lock()
         _fork.reset_in_child(self)
 
     def __repr__(self) -> str:
         return f"<shared stores: {len(self._by_url)}>"  # the URLs may hold passwords
 
-    def get(self, url: str, timeout: float) -> _S:
-        """The store of ``url`` whose calls may take ``timeout`` seconds, opened on first use."""
+    def get(self, url: str, timeouts: Timeouts) -> _S:
+        """The store of ``url`` with those timeouts, opened on first use."""
         with self._lock:
-            store = self._by_url.get((url, timeout))
+            store = self._by_url.get((url, timeouts))
             if store is None or self._closed(store):
-                store = self._by_url[url, timeout] = self._open(url, timeout)
+                store = self._by_url[url, timeouts] = self._open(url, timeouts)
             return store
 
     def _after_fork_in_child(self) -> None:

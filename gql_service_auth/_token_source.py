@@ -32,6 +32,7 @@ leaves it alone for its ``cooldown``, after one ``token_store_failed`` event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import secrets
@@ -52,10 +53,13 @@ from ._errors import TokenRequestError
 from ._events import AuthEvent
 from ._provenance import Origin, Refusal
 from ._redact import redact_text
-from ._store import StoredToken, TokenIdentity, TokenStore
+from ._store import StoredToken, StoreFault, StoreTimeout, TokenIdentity, TokenStore
 from ._token import TokenFetcher, TokenResponse, expiry_guard, renewal_margin
 
 _T = TypeVar("_T")
+
+_GUARD_MARGIN = 1.0
+"""Seconds the guard on a self-bounded store call allows past the store's own bounds."""
 
 
 def _loaded(stored: StoredToken) -> TokenResponse:
@@ -227,6 +231,12 @@ class SharedLevel:
         self._health = _healths.of(store)
         #: Seconds the fetch lock lives unless its holder extends it (see STORE_LOCK_TTL).
         self.lock_ttl = STORE_LOCK_TTL
+        # A store that can connect ahead of its first call does so now, in the background:
+        # by the first token this process needs, the set-up is done or under way.
+        prepare = getattr(store, "prepare", None)
+        if callable(prepare) and not self._closed():
+            with contextlib.suppress(Exception):  # a store that fails, fails in its calls
+                prepare()
 
     def __repr__(self) -> str:
         return f"<SharedLevel store={type(self._store).__name__}>"
@@ -262,15 +272,23 @@ class SharedLevel:
     async def _call(self, call: Callable[[], Awaitable[_T]]) -> _T:
         # The call is made in here: a store whose method is missing, or takes other
         # arguments, is a store that failed like any other.
+        store = self._store
+        # A store with a connect_timeout bounds its own calls, each step by its own bound
+        # (see TokenStore): this is a guard behind them, never the first to run out.
+        connect_timeout = getattr(store, "connect_timeout", None)
+        limit = store.timeout
+        if isinstance(connect_timeout, (int, float)) and connect_timeout > 0:
+            limit += connect_timeout + _GUARD_MARGIN
         try:
-            return await asyncio.wait_for(call(), self._store.timeout)
+            return await asyncio.wait_for(call(), limit)
+        except StoreTimeout as exc:
+            raise StoreUnavailable("TimeoutError", str(exc)) from None
         except asyncio.TimeoutError:
-            raise StoreUnavailable(
-                "TimeoutError", f"no answer within {self._store.timeout:g} s"
-            ) from None
+            raise StoreUnavailable("TimeoutError", f"no answer within {limit:g} s") from None
         except Exception as exc:
             detail = redact_text(str(exc)[:MAX_SERVER_TEXT], [self._identity.client_secret])
-            raise StoreUnavailable(type(exc).__name__, str(detail)) from None
+            error = exc.error if isinstance(exc, StoreFault) else type(exc).__name__
+            raise StoreUnavailable(error, str(detail)) from None
 
     def _failed(self, error: StoreUnavailable) -> None:
         health, now = self._health, time.monotonic()

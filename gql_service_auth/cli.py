@@ -1,10 +1,12 @@
-"""The ``gql-service-auth`` command: check credentials, serve the emulator, run the demo.
+"""The ``gql-service-auth`` command: check credentials or a token store, serve the
+emulator, run the demo.
 
 Exit codes:
     0: success; also ``emulator`` stopped by Ctrl+C or SIGTERM, its normal way to stop.
     1: the service or the authorization server refused the credentials.
     2: bad usage or configuration (a missing variable, an unreadable file...).
-    3: the service could not be reached or answered in an unexpected way (a wrong URL).
+    3: the service (or the token store) could not be reached or answered in an
+       unexpected way (a wrong URL).
     130: ``check`` or ``demo`` interrupted (Ctrl+C).
 """
 
@@ -28,6 +30,7 @@ from gql.transport.exceptions import TransportError, TransportServerError
 
 from ._cli_emulator import UsageError as _UsageError
 from ._cli_emulator import serve
+from ._cli_store import check_store, open_store, print_store_report
 from ._config import ends_with_path
 from ._constants import (
     DEFAULT_EXPIRES_IN,
@@ -35,6 +38,7 @@ from ._constants import (
     ENV_BASE_URL,
     ENV_CLIENT_ID,
     ENV_CLIENT_SECRET,
+    ENV_TOKEN_STORE_URL,
     GRAPHQL_PATH,
     LOGGER_NAME,
 )
@@ -60,8 +64,8 @@ _CHECK_TIMEOUT: Final = 10.0
 
 EXIT_CODES: Final = (
     "Exit codes: 0 ok, 1 credentials refused, 2 usage or configuration error, 3 service "
-    "unreachable or unexpected answer, 130 interrupted. The emulator command exits 0 when "
-    "Ctrl+C or SIGTERM stops it."
+    "(or token store) unreachable or unexpected answer, 130 interrupted. The emulator "
+    "command exits 0 when Ctrl+C or SIGTERM stops it."
 )
 """The exit codes as ``--help`` tells them; docs/cli.md says the same (a test compares)."""
 
@@ -184,6 +188,24 @@ def _parser() -> argparse.ArgumentParser:
         help="allow http:// to a host that is not loopback",
     )
 
+    store = commands.add_parser(
+        "store",
+        parents=[verbosity],
+        help="try a token store URL end to end: connect, lock, save, load, clean up",
+        description="Try the token store a URL names as the transports use it, on an identity "
+        "made up for the check: set-up (connection, TLS, AUTH, cluster slots, scripts), then a "
+        "sealed round trip. A failing step says why and how to fix it. The URL defaults to "
+        f"${ENV_TOKEN_STORE_URL}; SERVICE_TOKEN_STORE_TIMEOUT and "
+        "SERVICE_TOKEN_STORE_CONNECT_TIMEOUT apply.",
+        epilog=EXIT_CODES,
+    )
+    store.add_argument(
+        "url",
+        nargs="?",
+        help=f"file:///dir, redis://, rediss://, redis+cluster://, redis+sentinel://... "
+        f"(default: ${ENV_TOKEN_STORE_URL}; prefer the variable if the URL holds a password)",
+    )
+
     emulator = commands.add_parser(
         "emulator",
         help="serve the service emulator on 127.0.0.1",
@@ -254,6 +276,8 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str] | None) -> int:
         if args.command == "emulator":
             asyncio.run(serve(args))
             return EXIT_OK
+        if args.command == "store":
+            return _store(args, os.environ if environ is None else environ)
         from ._demo import run_demo
 
         return asyncio.run(run_demo(token_ttl=args.token_ttl, out=sys.stdout))
@@ -262,6 +286,19 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str] | None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _store(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    url = _setting(args.url, environ, ENV_TOKEN_STORE_URL, "URL")
+    store = open_store(url, environ)
+    try:
+        report = asyncio.run(check_store(store))
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+    print_store_report(report, sys.stdout)
+    return EXIT_OK if report.ok else EXIT_UNREACHABLE
 
 
 @contextlib.contextmanager

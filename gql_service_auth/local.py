@@ -72,10 +72,19 @@ from urllib.parse import unquote, urlsplit
 
 from . import _fork
 from . import _local_db as db
-from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
+from ._constants import STORE_CONNECT_TIMEOUT, STORE_COOLDOWN, STORE_TIMEOUT
 from ._errors import ConfigurationError
 from ._loop_thread import LoopClosed, LoopThread
-from ._store import StoredToken, StoreOnItsThread, StoresByUrl, TokenIdentity
+from ._store import (
+    Remembered,
+    StoredToken,
+    StoreOnItsThread,
+    StoresByUrl,
+    Timeouts,
+    TokenIdentity,
+    call_on_thread,
+    checked_seconds,
+)
 
 __all__ = ["LocalTokenStore"]
 
@@ -99,13 +108,38 @@ class _Running:
 
     def __init__(self, directory: str, busy: float) -> None:
         self.database = db.Database(directory, busy)
+        self.failed: Exception | None = None
         self.loop = LoopThread("gql-service-auth-local", self._close)
 
     def __repr__(self) -> str:
         return f"<running {self.loop!r}>"
 
+    async def ready(self) -> None:
+        """Open the database (checked, made if missing), if it is not open. On the loop.
+
+        A failure is kept for the next call to report (:meth:`unreported`), even once the
+        next opening succeeds: a file found damaged and replaced by :meth:`prepare`, in
+        the background, is still said once, by the first call.
+        """
+        if self.database.connection is None:
+            try:
+                self.database.run(_nothing)
+            except Exception as exc:
+                self.failed = exc
+                raise
+
+    def unreported(self) -> None:
+        """Raise the failure of an opening that no call has reported yet."""
+        failed, self.failed = self.failed, None
+        if failed is not None:
+            raise failed
+
     async def _close(self) -> None:
         self.database.close()
+
+
+def _nothing(connection: sqlite3.Connection) -> None:
+    return None
 
 
 def _directory_of(url: str) -> str:
@@ -153,7 +187,10 @@ class LocalTokenStore(StoreOnItsThread):
             bytes), in place of the client secret: processes that share it share tokens
             whatever client secret each holds (a secret being rotated). ``None`` derives
             the keys from the client secret.
-        timeout: Seconds each call may take; past it, the process fetches its token itself.
+        timeout: Seconds each call may take once it runs; past it, the process fetches
+            its token itself.
+        connect_timeout: Seconds a call may wait to run: for the database to be opened
+            and for the calls before it (a burst of tenants) to be done.
         cooldown: Seconds the store is left alone after a failed or slow call.
 
     Raises:
@@ -168,6 +205,7 @@ class LocalTokenStore(StoreOnItsThread):
         *,
         store_key: bytes | str | None = None,
         timeout: float = STORE_TIMEOUT,
+        connect_timeout: float = STORE_CONNECT_TIMEOUT,
         cooldown: float = STORE_COOLDOWN,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
@@ -179,18 +217,17 @@ class LocalTokenStore(StoreOnItsThread):
             store_key = store_key.encode()
         if store_key is not None and (not isinstance(store_key, bytes) or len(store_key) < 16):
             raise ConfigurationError("store_key must be bytes or str of at least 16 bytes")
-        for name, value in (("timeout", timeout), ("cooldown", cooldown)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ConfigurationError(f"{name} must be a number of seconds, at least 0")
-        if not 0 < timeout < math.inf:
-            raise ConfigurationError("timeout must be more than 0 seconds, and finite")
+        bounds = checked_seconds(
+            timeout=timeout, connect_timeout=connect_timeout, cooldown=cooldown
+        )
         self._directory = directory
         self._store_key = Hidden(store_key)
-        self._timeout = float(timeout)
-        self._cooldown = float(cooldown)
+        self._timeout = bounds["timeout"]
+        self._connect_timeout = bounds["connect_timeout"]
+        self._cooldown = bounds["cooldown"]
         self._location = Path(directory).as_uri()
         self._shared_url: str | None = None
-        self._sealers: dict[TokenIdentity, Sealer] = {}
+        self._sealers: Remembered[Sealer] = Remembered(self._derive_sealer)
         self._closed = False
         self._start()
         _fork.reset_in_child(self)
@@ -202,6 +239,7 @@ class LocalTokenStore(StoreOnItsThread):
         *,
         store_key: bytes | str | None = None,
         timeout: float = STORE_TIMEOUT,
+        connect_timeout: float = STORE_CONNECT_TIMEOUT,
         cooldown: float = STORE_COOLDOWN,
     ) -> LocalTokenStore:
         """A store in the directory a ``file://`` URL names, as ``file:///var/lib/app/tokens``.
@@ -210,12 +248,18 @@ class LocalTokenStore(StoreOnItsThread):
 
         Args:
             url: The URL.
-            store_key, timeout, cooldown: As for the constructor.
+            store_key, timeout, connect_timeout, cooldown: As for the constructor.
 
         Raises:
             ConfigurationError: not such a URL, or a bad argument.
         """
-        return cls(_directory_of(url), store_key=store_key, timeout=timeout, cooldown=cooldown)
+        return cls(
+            _directory_of(url),
+            store_key=store_key,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            cooldown=cooldown,
+        )
 
     def _start(self) -> None:
         self._running = _Running(self._directory, self._timeout * _BUSY_SHARE)
@@ -234,39 +278,47 @@ class LocalTokenStore(StoreOnItsThread):
         return self
 
     def __reduce__(self) -> tuple[Callable[..., LocalTokenStore], tuple[Any, ...]]:
+        timeouts = (self._timeout, self._connect_timeout)
         if self._shared_url is not None:
-            return _shared_again, (self._shared_url, self._timeout)
-        return _restore, (self._directory, self._store_key.value, self._timeout, self._cooldown)
+            return _shared_again, (self._shared_url, timeouts)
+        return _restore, (self._directory, self._store_key.value, timeouts, self._cooldown)
 
     async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """``work(connection)`` on the store's thread; the caller's loop waits for nothing.
 
-        Nothing run there refers to the store, so the store is never collected (and its
-        finalizer never run) on its own thread.
+        The calls run one at a time: ``connect_timeout`` bounds the wait for the database
+        to open and for the calls queued before this one, ``timeout`` this one's own run
+        (SQLite's busy timeout is below it). Nothing run there refers to the store, so the
+        store is never collected (and its finalizer never run) on its own thread.
         """
         running = self._running
 
-        async def call() -> _T:
+        async def body(started: Callable[[], None]) -> _T:
+            try:
+                await running.ready()
+            finally:
+                running.unreported()  # this call's own failure, or a prepare()'s
+            started()
             return running.database.run(work)
 
-        future = running.loop.submit(call())
         try:
-            return await asyncio.wrap_future(future)
+            return await call_on_thread(
+                running.loop, body, connect_timeout=self._connect_timeout, timeout=self._timeout
+            )
         except asyncio.CancelledError:
             task = asyncio.current_task()
             cancelling = getattr(task, "cancelling", None)
-            if future.cancelled() and running.loop.closing and not (cancelling and cancelling()):
+            if running.loop.closing and not (cancelling and cancelling()):
                 # Cancelled by close(), not by the caller: to the caller an error of the
                 # store like any other, so that it fetches its token itself.
                 raise LoopClosed("the token store was closed") from None
             raise
 
+    def _derive_sealer(self, identity: TokenIdentity) -> Sealer:
+        return Sealer(identity, self._store_key.value or identity.client_secret.encode())
+
     def _sealer(self, identity: TokenIdentity) -> Sealer:
-        sealer = self._sealers.get(identity)
-        if sealer is None:
-            material = self._store_key.value or identity.client_secret.encode()
-            sealer = self._sealers[identity] = Sealer(identity, material)
-        return sealer
+        return self._sealers.of(identity)
 
     # The TokenStore protocol.
 
@@ -359,28 +411,39 @@ class LocalTokenStore(StoreOnItsThread):
 
 
 def _restore(
-    directory: str, store_key: bytes | None, timeout: float, cooldown: float
+    directory: str, store_key: bytes | None, timeouts: Timeouts, cooldown: float
 ) -> LocalTokenStore:
-    return LocalTokenStore(directory, store_key=store_key, timeout=timeout, cooldown=cooldown)
+    timeout, connect_timeout = timeouts
+    return LocalTokenStore(
+        directory,
+        store_key=store_key,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        cooldown=cooldown,
+    )
 
 
-def _open_shared(url: str, timeout: float) -> LocalTokenStore:
-    store = LocalTokenStore.from_url(url, timeout=timeout)
+def _open_shared(url: str, timeouts: Timeouts) -> LocalTokenStore:
+    timeout, connect_timeout = timeouts
+    store = LocalTokenStore.from_url(url, timeout=timeout, connect_timeout=connect_timeout)
     store._shared_url = url
+    store.prepare()
     return store
 
 
 _SHARED = StoresByUrl(_open_shared, lambda store: store.closed)
 
 
-def _shared_again(url: str, timeout: float) -> LocalTokenStore:
-    """Unpickled, a shared store is the process's shared store of that URL and timeout."""
-    return shared_store(url, timeout=timeout)
+def _shared_again(url: str, timeouts: Timeouts) -> LocalTokenStore:
+    """Unpickled, a shared store is the process's shared store of that URL and timeouts."""
+    return shared_store(url, timeout=timeouts[0], connect_timeout=timeouts[1])
 
 
-def shared_store(url: str, *, timeout: float = STORE_TIMEOUT) -> LocalTokenStore:
-    """The process's one store for the ``file://`` ``url`` and ``timeout``, opened on
-    first use.
+def shared_store(
+    url: str, *, timeout: float = STORE_TIMEOUT, connect_timeout: float = STORE_CONNECT_TIMEOUT
+) -> LocalTokenStore:
+    """The process's one store for the ``file://`` ``url`` and its timeouts, opened on
+    first use, and set up at once, in the background.
 
     ``from_env()``'s: transports built one per job share it, rather than each opening a
     database and a thread. One that was closed is replaced. A forked child keeps it: the
@@ -390,4 +453,4 @@ def shared_store(url: str, *, timeout: float = STORE_TIMEOUT) -> LocalTokenStore
         ConfigurationError: ``url`` is no ``file://`` URL of an absolute path.
     """
     # Keyed by the directory: file:///a/b/, file://localhost/a/b and file:///a//b are one.
-    return _SHARED.get(Path(_directory_of(url)).as_uri(), timeout)
+    return _SHARED.get(Path(_directory_of(url)).as_uri(), (timeout, connect_timeout))

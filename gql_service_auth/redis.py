@@ -28,10 +28,11 @@ from __future__ import annotations
 try:
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import RedisCluster
-    from redis.asyncio.connection import parse_url
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
+    from . import _redis_clients as clients
+    from ._redis_faults import explain, heal, healable
     from ._redis_keys import Keys  # cryptography
     from ._sealed import Hidden as _Hidden
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
@@ -42,21 +43,32 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
 import asyncio
 import json
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import _fork
 from . import _redis_scripts as scripts
-from ._constants import STORE_COOLDOWN, STORE_TIMEOUT
+from ._constants import STORE_CONNECT_TIMEOUT, STORE_COOLDOWN, STORE_TIMEOUT
 from ._errors import ConfigurationError
 from ._loop_thread import LoopClosed, LoopThread
-from ._store import StoredToken, StoreOnItsThread, StoresByUrl, TokenIdentity
+from ._store import (
+    Remembered,
+    StoredToken,
+    StoreFault,
+    StoreOnItsThread,
+    StoresByUrl,
+    StoreTimeout,
+    Timeouts,
+    TokenIdentity,
+    call_on_thread,
+    checked_seconds,
+)
 
 __all__ = ["RedisTokenStore"]
 
 _T = TypeVar("_T")
 
-_Client = aioredis.Redis | RedisCluster
+_Client = clients.Client
 _Scripts = dict[str, Any]
 
 _MAX_TTL_MS = 366 * 24 * 3600 * 1000
@@ -80,25 +92,34 @@ def _opaque(value: bytes | str) -> str:
 
 
 class RedisTokenStore(StoreOnItsThread):
-    """A :class:`~gql_service_auth.TokenStore` on Redis, Redis Cluster or Valkey.
+    """A :class:`~gql_service_auth.TokenStore` on Redis, Redis Cluster, Sentinel or Valkey.
 
     Give it to :class:`~gql_service_auth.OAuth2Transport` as ``token_store=``; one store
     may serve many transports, even with different credentials. Redis is used only when
     a process needs a new token, never per request. It runs its Redis calls on a thread
     and event loop of its own, so the client is never shared between event loops, gql's
     blocking ``Client.execute`` on any thread can use it, and no caller's loop ever waits
-    on Redis; a forked child gets a client of its own.
+    on Redis; a forked child gets a client of its own, of the same kind.
+
+    A connection that Redis, a proxy or a failover closed or demoted (``ConnectionError``,
+    ``READONLY``), or a slot being migrated (``TRYAGAIN``), costs no outage: the store
+    drops its connections and tries the call once more, on a fresh one, within the call's
+    ``timeout``. Only Redis itself failing counts.
 
     Args:
-        client: A ``redis.asyncio.Redis`` or ``RedisCluster`` the store may use as its
-            own: it is used on the store's thread only, and closed by :meth:`close`. Give
-            it short timeouts and no retries, as :meth:`from_url` does.
+        client: A ``redis.asyncio.Redis`` (a Sentinel's ``master_for`` one too) or
+            ``RedisCluster`` the store may use as its own: it is used on the store's
+            thread only, and closed by :meth:`close`. Give it no retries of its own, as
+            :meth:`from_url` does.
         store_key: Key material for the key names and the encryption (at least 16
             bytes), in place of the client secret: processes that share it share tokens
             whatever client secret each holds (a secret being rotated). ``None`` derives
             the keys from the client secret.
-        timeout: Seconds each Redis call may take; past it, the process fetches its token
-            itself.
+        timeout: Seconds each Redis call may take, once the store is connected; past it,
+            the process fetches its token itself.
+        connect_timeout: Seconds a call may wait for the store to be ready: connected
+            (TLS and AUTH done, a cluster discovered, the scripts loaded) and its turn
+            come, before ``timeout`` starts.
         cooldown: Seconds Redis is left alone after a failed or slow call.
         prefix: Start of the key names, e.g. for an ACL pattern.
 
@@ -114,6 +135,7 @@ class RedisTokenStore(StoreOnItsThread):
         *,
         store_key: bytes | str | None = None,
         timeout: float = STORE_TIMEOUT,
+        connect_timeout: float = STORE_CONNECT_TIMEOUT,
         cooldown: float = STORE_COOLDOWN,
         prefix: str = "gql-service-auth",
     ) -> None:
@@ -122,9 +144,12 @@ class RedisTokenStore(StoreOnItsThread):
                 "client must be a redis.asyncio.Redis or RedisCluster, not "
                 f"{type(client).__name__}; for a URL use RedisTokenStore.from_url"
             )
-        self._init(lambda: client, store_key, timeout, cooldown, prefix, _client_location(client))
         self._given: _Hidden | None = _Hidden(client)
         self._recipe: _Hidden | None = None
+        bounds = checked_seconds(
+            timeout=timeout, connect_timeout=connect_timeout, cooldown=cooldown
+        )
+        self._init(lambda: client, store_key, bounds, prefix, clients.client_location(client))
 
     @classmethod
     def from_url(
@@ -133,52 +158,67 @@ class RedisTokenStore(StoreOnItsThread):
         *,
         store_key: bytes | str | None = None,
         timeout: float = STORE_TIMEOUT,
+        connect_timeout: float = STORE_CONNECT_TIMEOUT,
         cooldown: float = STORE_COOLDOWN,
         prefix: str = "gql-service-auth",
         **client_kwargs: Any,
     ) -> RedisTokenStore:
-        """A store on the Redis at ``url``, as ``redis.asyncio.Redis.from_url`` reads it.
+        """A store on the Redis at ``url``.
 
-        ``redis://``, ``rediss://`` (TLS), ``unix://``, ``user:password@`` and the
-        database number work as in redis-py. The client gets ``timeout`` as its socket
-        timeouts and no retries: a Redis that is down must cost little, and the token
+        ``redis://``, ``rediss://`` (TLS), ``unix://``, ``user:password@``, the database
+        number and options such as ``?ssl_ca_certs=`` work as in redis-py's
+        ``Redis.from_url``; ``redis+cluster://host:port[,host:port...]`` is a Redis
+        Cluster and ``redis+sentinel://host:26379[,...]/service[/db]`` the primary the
+        Sentinels name (``rediss+`` for TLS): see :doc:`/managed-redis`. The client gets
+        no retries of its own: a Redis that is down must cost little, and the token
         endpoint is the fallback.
 
         Args:
             url: The Redis URL; never shown, as it may hold a password.
-            client_kwargs: Further ``redis.asyncio.Redis`` keywords (``ssl_ca_certs``...).
-            store_key, timeout, cooldown, prefix: As for the constructor.
+            client_kwargs: Further redis-py client keywords (``ssl_ca_certs``,
+                ``credential_provider``...).
+            store_key, timeout, connect_timeout, cooldown, prefix: As for the constructor.
+
+        Raises:
+            ConfigurationError: a URL of another form, one that cannot be read (never
+                quoted), or a bad argument.
         """
-        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        if not isinstance(url, str) or not url.startswith(clients.SCHEMES):
             raise ConfigurationError(
-                "the token store URL must start with redis://, rediss:// or unix://"
+                "the token store URL must start with redis://, rediss://, unix://, "
+                "redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://"
             )
+        bounds = checked_seconds(
+            timeout=timeout, connect_timeout=connect_timeout, cooldown=cooldown
+        )
+        location = clients.location(url)
         # Hidden: the URL may hold a password, and client_kwargs one too.
         hidden = _Hidden((url, client_kwargs))
         options = _Hidden(
             {
-                "socket_timeout": timeout,
-                "socket_connect_timeout": timeout,
+                # Guards only: the store bounds each step itself (call_on_thread), and a
+                # read that redis-py cut short would cost the connection.
+                "socket_timeout": bounds["connect_timeout"] + bounds["timeout"],
+                "socket_connect_timeout": bounds["connect_timeout"],
                 "retry": Retry(NoBackoff(), 0),
                 **client_kwargs,
             }
         )
 
         def connect() -> _Client:
-            return aioredis.Redis.from_url(url, **options.value)
+            return clients.build(hidden.value[0], options.value)
 
         store = cls.__new__(cls)
-        store._init(connect, store_key, timeout, cooldown, prefix, _url_location(url))
         store._given = None
-        store._recipe = _Hidden((hidden.value, store_key, timeout, cooldown, prefix))
+        store._recipe = _Hidden((hidden.value, store_key, bounds, prefix))
+        store._init(connect, store_key, bounds, prefix, location)
         return store
 
     def _init(
         self,
         connect: Callable[[], _Client],
         store_key: bytes | str | None,
-        timeout: float,
-        cooldown: float,
+        bounds: dict[str, float],
         prefix: str,
         location: str,
     ) -> None:
@@ -186,25 +226,21 @@ class RedisTokenStore(StoreOnItsThread):
             store_key = store_key.encode()
         if store_key is not None and (not isinstance(store_key, bytes) or len(store_key) < 16):
             raise ConfigurationError("store_key must be bytes or str of at least 16 bytes")
-        for name, value in (("timeout", timeout), ("cooldown", cooldown)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigurationError(f"{name} must be a number of seconds, at least 0")
-        if not timeout:
-            raise ConfigurationError("timeout must be more than 0 seconds")
         self._connect = connect
         self._store_key = _Hidden(store_key)
-        self._timeout = float(timeout)
-        self._cooldown = float(cooldown)
+        self._timeout = bounds["timeout"]
+        self._connect_timeout = bounds["connect_timeout"]
+        self._cooldown = bounds["cooldown"]
         self._prefix = prefix
         self._location = location
         self._shared_url: _Hidden | None = None
-        self._keys: dict[TokenIdentity, Keys] = {}
+        self._keys: Remembered[Keys] = Remembered(self._derive_keys)
         self._closed = False
         self._start()
         _fork.reset_in_child(self)
 
     def _start(self) -> None:
-        self._running = _Running()
+        self._running = _Running(self._connect, self._connect_timeout)
         # Closes the client and stops the thread when the store is collected, or at exit:
         # a store dropped without close() leaves no open socket behind.
         self._finalizer = weakref.finalize(self, self._running.loop.shut)
@@ -223,59 +259,66 @@ class RedisTokenStore(StoreOnItsThread):
     def __reduce__(self) -> tuple[Callable[..., RedisTokenStore], tuple[Any, ...]]:
         if self._shared_url is not None:
             # from_env()'s: unpickled, it is the process's shared store for the same URL.
-            return _shared_again, (self._shared_url.value, self._timeout)
+            return _shared_again, (self._shared_url.value, self._timeout, self._connect_timeout)
         if self._recipe is None:
             raise TypeError(
                 "a RedisTokenStore built on a client cannot be pickled: build it with "
                 "RedisTokenStore.from_url, or one per process"
             )
-        (url, client_kwargs), store_key, timeout, cooldown, prefix = self._recipe.value
-        return _restore, (url, client_kwargs, store_key, timeout, cooldown, prefix)
+        (url, client_kwargs), store_key, bounds, prefix = self._recipe.value
+        return _restore, (url, client_kwargs, store_key, bounds, prefix)
 
     # The store's own thread and loop, on which the client lives.
 
-    async def _on_own_loop(self, work: Callable[[_Client, _Scripts], Awaitable[_T]]) -> _T:
-        """Run ``work(client, scripts)`` on the store's loop; cancelling the caller cancels it.
+    async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a Lua script (EVALSHA, loading it on first use) on the keys of one identity.
 
-        Nothing run there refers to the store, so the store is never collected (and its
-        finalizer never run) on its own thread.
+        Once connected, within ``timeout``: a connection found closed or demoted, or a
+        slot found moving, is healed and the call made once more (every script is safe to
+        run twice: a read, a newer-only write, or a compare-and-set by owner).
+        Cancelling the caller cancels it. Nothing run on the store's loop refers to the
+        store, so the store is never collected (and its finalizer never run) there.
         """
-        running, connect = self._running, self._connect
+        running = self._running
 
-        async def run() -> _T:
+        async def body(started: Callable[[], None]) -> Any:
             try:
-                if running.client is None:
-                    running.client = connect()
-                    running.calls = asyncio.Semaphore(_call_limit(running.client))
-                assert running.calls is not None
-                async with running.calls:
-                    return await work(running.client, running.scripts)
+                client, calls = await running.ready_client()
+                async with calls:
+                    started()
+                    script = running.script(source)
+                    try:
+                        return await script(keys=keys, args=args, client=client)
+                    except Exception as exc:
+                        if not healable(exc):
+                            raise
+                        await heal(client, exc)
+                    return await script(keys=keys, args=args, client=client)
             except asyncio.CancelledError:
                 if running.loop.closing:
                     # Cancelled by close(), not by the caller: to the caller an error of
                     # the store like any other, so that it fetches its token itself.
                     raise LoopClosed("the token store was closed") from None
                 raise
+            except Exception as exc:
+                held = running.client
+                advice = explain(
+                    exc, clustered=isinstance(held, RedisCluster), tls=clients.uses_tls(held)
+                )
+                if advice is None:
+                    raise
+                raise StoreFault(type(exc).__name__, f"{advice} ({str(exc)[:160]})") from None
 
-        return await asyncio.wrap_future(running.loop.submit(run()))
+        return await call_on_thread(
+            running.loop, body, connect_timeout=self._connect_timeout, timeout=self._timeout
+        )
 
-    async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
-        """Run a Lua script (EVALSHA, loading it on first use) on the keys of one identity."""
-
-        async def work(client: _Client, scripts: _Scripts) -> Any:
-            script = scripts.get(source)
-            if script is None:
-                script = scripts[source] = client.register_script(source)
-            return await script(keys=keys, args=args)
-
-        return await self._on_own_loop(work)
+    def _derive_keys(self, identity: TokenIdentity) -> Keys:
+        material = self._store_key.value or identity.client_secret.encode()
+        return Keys(identity, material, self._prefix)
 
     def _keys_of(self, identity: TokenIdentity) -> Keys:
-        keys = self._keys.get(identity)
-        if keys is None:
-            material = self._store_key.value or identity.client_secret.encode()
-            keys = self._keys[identity] = Keys(identity, material, self._prefix)
-        return keys
+        return self._keys.of(identity)
 
     # The TokenStore protocol.
 
@@ -364,82 +407,115 @@ class RedisTokenStore(StoreOnItsThread):
 
     def _after_fork_in_child(self) -> None:
         # The store's thread is not in the child, and the client's sockets are the
-        # parent's: both stay referenced, unused, and the child starts its own.
+        # parent's: both stay referenced, unused, and the child starts its own, of the
+        # same kind (a cluster, a Sentinel's primary).
         self._finalizer.detach()
         _fork.keep_orphan(self._running)
-        self._start()
         if self._given is not None:
             given = self._given.value
-            self._connect = lambda: _fresh_copy(given)
+            self._connect = lambda: clients.fresh_copy(given)
+        self._start()
 
 
 class _Running:
-    """What a store runs on: a loop thread, and the client and scripts on its loop."""
+    """What a store runs on: a loop thread, and the client and scripts on its loop.
 
-    def __init__(self) -> None:
+    Args:
+        connect: Builds the client (opens nothing yet).
+        connect_timeout: Seconds its set-up may take.
+    """
+
+    def __init__(self, connect: Callable[[], _Client], connect_timeout: float) -> None:
+        self._connect = connect
+        self._connect_timeout = connect_timeout
         self.client: _Client | None = None
         self.calls: asyncio.Semaphore | None = None
-        self.scripts: _Scripts = {}
+        self.scripts: dict[str, Any] = {}
+        self.setting_up: asyncio.Future[None] | None = None
+        self.set_up = False
         self.loop = LoopThread("gql-service-auth-redis", self._close_client)
 
     def __repr__(self) -> str:
         return f"<running {self.loop!r}>"
 
+    def script(self, source: str) -> Any:
+        script = self.scripts.get(source)
+        if script is None:
+            assert self.client is not None
+            script = self.scripts[source] = self.client.register_script(source)
+        return script
+
+    async def ready(self) -> None:
+        """Connect (once: every call waits for the one set-up under way; again after a
+        failure), within ``connect_timeout``. On the store's loop."""
+        if self.set_up:
+            return
+        if self.client is None:
+            self.client = self._connect()
+            self.calls = asyncio.Semaphore(_call_limit(self.client))
+        if self.setting_up is None or self.setting_up.done():
+            # Its own task, so that a caller that gives up does not end it for the others.
+            self.setting_up = asyncio.ensure_future(
+                asyncio.wait_for(self._set_up(self.client), self._connect_timeout)
+            )
+        try:
+            await asyncio.shield(self.setting_up)
+        except asyncio.TimeoutError:
+            raise StoreTimeout(
+                f"not connected within {self._connect_timeout:g} s (connect_timeout)"
+            ) from None
+        self.set_up = True
+
+    async def ready_client(self) -> tuple[_Client, asyncio.Semaphore]:
+        await self.ready()
+        assert self.client is not None
+        assert self.calls is not None
+        return self.client, self.calls
+
+    async def _set_up(self, client: _Client) -> None:
+        """One round of what the first call would otherwise pay: a connection (TLS and
+        AUTH included), the cluster's slots, the scripts loaded where they run."""
+        if isinstance(client, RedisCluster):
+            await client.initialize()
+            for source in _ALL_SCRIPTS:  # SCRIPT LOAD goes to every primary
+                await client.script_load(source)
+            return
+        # One round trip for every script, rather than a NOSCRIPT and a load in the first
+        # call of each (the Sentinels' primary is asked for on connecting). No PING: the
+        # ACL line of the docs before 0.3 does not allow it.
+        async with client.pipeline(transaction=False) as pipe:
+            for source in _ALL_SCRIPTS:
+                pipe.script_load(source)
+            await pipe.execute()
+
     async def _close_client(self) -> None:
         client, self.client = self.client, None
         self.scripts = {}
+        self.set_up = False
         if client is not None:
-            await client.aclose()
+            await clients.close(client)
+
+
+_ALL_SCRIPTS = (
+    scripts.LOAD,
+    scripts.SAVE,
+    scripts.DISCARD,
+    scripts.LOCK,
+    scripts.UNLOCK,
+    scripts.GET,
+)
 
 
 def _restore(
     url: str,
     client_kwargs: dict[str, Any],
     store_key: bytes | None,
-    timeout: float,
-    cooldown: float,
+    bounds: dict[str, float],
     prefix: str,
 ) -> RedisTokenStore:
     return RedisTokenStore.from_url(
-        url,
-        store_key=store_key,
-        timeout=timeout,
-        cooldown=cooldown,
-        prefix=prefix,
-        **client_kwargs,
+        url, store_key=store_key, prefix=prefix, **bounds, **client_kwargs
     )
-
-
-def _url_location(url: str) -> str:
-    """Where ``url`` leads, as redis-py reads it, with no user, password or option.
-
-    Raises:
-        ConfigurationError: redis-py cannot read it; the message quotes none of it, as a
-            password with an unescaped ``/`` or ``#`` would show in parts.
-    """
-    try:
-        parts = parse_url(url)
-    except ValueError:
-        raise ConfigurationError(
-            "the token store URL cannot be read: check its host and port, and "
-            "percent-encode any /, #, ? or @ in its user name or password"
-        ) from None
-    if parts.get("path"):
-        return f"unix://{parts['path']}"
-    scheme = url.partition("://")[0]
-    host, port = parts.get("host", "localhost"), parts.get("port", 6379)
-    return f"{scheme}://{host}:{port}/{parts.get('db', 0)}"
-
-
-def _client_location(client: _Client) -> str:
-    if isinstance(client, RedisCluster):
-        nodes = client.get_nodes() or getattr(client.nodes_manager, "startup_nodes", {}).values()
-        return "redis-cluster://" + ",".join(sorted(f"{n.host}:{n.port}" for n in nodes))
-    kwargs = client.connection_pool.connection_kwargs
-    if kwargs.get("path"):
-        return f"unix://{kwargs['path']}"
-    host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
-    return f"redis://{host}:{port}/{kwargs.get('db', 0)}"
 
 
 def _call_limit(client: _Client) -> int:
@@ -450,36 +526,30 @@ def _call_limit(client: _Client) -> int:
     return _MAX_CALLS
 
 
-def _open_shared(url: str, timeout: float) -> RedisTokenStore:
-    store = RedisTokenStore.from_url(url, timeout=timeout)
+def _open_shared(url: str, timeouts: Timeouts) -> RedisTokenStore:
+    timeout, connect_timeout = timeouts
+    store = RedisTokenStore.from_url(url, timeout=timeout, connect_timeout=connect_timeout)
     store._shared_url = _Hidden(url)
+    store.prepare()
     return store
 
 
 _SHARED = StoresByUrl(_open_shared, lambda store: store.closed)
 
 
-def _shared_again(url: str, timeout: float) -> RedisTokenStore:
-    """Unpickled, a shared store is the process's shared store of that URL and timeout."""
-    return shared_store(url, timeout=timeout)
+def _shared_again(url: str, timeout: float, connect_timeout: float) -> RedisTokenStore:
+    """Unpickled, a shared store is the process's shared store of that URL and timeouts."""
+    return shared_store(url, timeout=timeout, connect_timeout=connect_timeout)
 
 
-def shared_store(url: str, *, timeout: float = STORE_TIMEOUT) -> RedisTokenStore:
-    """The process's one store for ``url`` and ``timeout``, opened on first use
-    (``from_env()``'s).
+def shared_store(
+    url: str, *, timeout: float = STORE_TIMEOUT, connect_timeout: float = STORE_CONNECT_TIMEOUT
+) -> RedisTokenStore:
+    """The process's one store for ``url`` and its timeouts, opened on first use
+    (``from_env()``'s), and set up at once, in the background.
 
     Transports built one per job share it, rather than each opening a connection and a
     thread. One that was closed is replaced. A forked child keeps it: the store resets
     itself there. Closed at exit, as every store is.
     """
-    return _SHARED.get(url, timeout)
-
-
-def _fresh_copy(client: _Client) -> _Client:
-    """A client with ``client``'s settings and none of its connections."""
-    if isinstance(client, aioredis.Redis):
-        pool = client.connection_pool
-        fresh = type(pool)(connection_class=pool.connection_class, **pool.connection_kwargs)
-        # from_pool: the client owns the pool, so closing the client closes its connections.
-        return aioredis.Redis.from_pool(fresh)
-    raise RuntimeError("a RedisCluster given to RedisTokenStore cannot be used after fork()")
+    return _SHARED.get(url, (timeout, connect_timeout))

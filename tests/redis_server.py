@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -48,17 +49,20 @@ def _worker_index() -> int:
     return int(worker.removeprefix("gw") or 0) % _WORKERS
 
 
-def free_port(*, with_bus: bool = False) -> int:
+def free_port(*, with_bus: bool = False, exclude: Collection[int] = ()) -> int:
     """A port of this worker's block that is free on 127.0.0.1 now.
 
     ``with_bus``: its Redis Cluster bus port (+10000) is free as well. The search starts
     at a random port of the block, so a port a previous run's servers left in TIME_WAIT is
-    seldom the first tried.
+    seldom the first tried. ``exclude``: ports already handed to servers not started yet
+    (free now, so the probe alone would hand them out twice).
     """
     first = _PORTS_BASE + _worker_index() * _PORTS_PER_WORKER
     start = _CHANCE.randrange(_PORTS_PER_WORKER)
     for offset in range(_PORTS_PER_WORKER):
         port = first + (start + offset) % _PORTS_PER_WORKER
+        if port in exclude:
+            continue
         if _bindable(port) and (not with_bus or _bindable(port + 10000)):
             return port
     raise RuntimeError(f"no free port in {first}-{first + _PORTS_PER_WORKER - 1}")
@@ -123,27 +127,34 @@ class RedisServer:
     def start(self, *extra: str) -> None:
         """Start it on its port and wait (at most 10 s) until it answers."""
         self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(self.directory),
-                "--daemonize", "no",
-                # DUMP, which the tests scan for secrets, then shows values as stored.
-                "--rdbcompression", "no",
-                *extra,
-            ],
+            [self.binary, *self._arguments(), *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + 10.0
-        while not ping(self.port):
+        while not self._answers():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{self.binary} did not start on port {self.port}")
             time.sleep(0.02)
+
+    def _arguments(self) -> list[str]:
+        """The command line after the binary's path, before ``start``'s extras (a subclass
+        puts a config file first, as Sentinel needs)."""
+        return [
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.directory),
+            "--daemonize", "no",
+            # DUMP, which the tests scan for secrets, then shows values as stored.
+            "--rdbcompression", "no",
+        ]  # fmt: skip
+
+    def _answers(self) -> bool:
+        """Whether it is ready (a subclass listening on TLS alone asks over TLS)."""
+        return ping(self.port)
 
     def stop(self) -> None:
         """Kill it (SIGKILL: as a crash, nothing flushed) and wait for it to go."""

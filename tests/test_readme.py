@@ -76,6 +76,7 @@ GUIDES_WITH_CODE = [
     "scripts",
     "workers",
     "tokens",
+    "managed-redis",
     "testing",
     "errors",
     "metrics",

@@ -325,12 +325,16 @@ async def test_redis_down_never_fails_a_query(
     assert warnings[0].levelno == logging.WARNING
 
 
-async def test_a_frozen_redis_costs_one_timeout(
-    live_emulator: Emulator, own_redis: RedisServer
+@pytest.mark.parametrize("frozen", ["before connecting", "once connected"])
+async def test_a_frozen_redis_costs_one_bound(
+    live_emulator: Emulator, own_redis: RedisServer, frozen: str
 ) -> None:
-    """A Redis that answers nothing costs its timeout, then the process fetches itself."""
+    """A Redis that answers nothing costs the bound of the step it froze in (the set-up's
+    connect_timeout, or a call's timeout), then the process fetches itself."""
     events: list[AuthEvent] = []
-    with RedisTokenStore.from_url(own_redis.url, timeout=0.2) as store:
+    with RedisTokenStore.from_url(own_redis.url, timeout=0.2, connect_timeout=0.3) as store:
+        if frozen == "once connected":
+            await store.load(identity_of(live_emulator, live_emulator.legacy_client))
         own_redis.pause()
         try:
             await query(with_store(live_emulator, store, events), times=10)
@@ -338,8 +342,11 @@ async def test_a_frozen_redis_costs_one_timeout(
             own_redis.resume()
     assert [e.name for e in events] == ["token_store_failed", "token_fetched"]
     assert events[0].error == "TimeoutError"
-    # The store's own bound ended it, not a Redis socket timeout (redis-py's is none).
-    assert events[0].detail == "no answer within 0.2 s"
+    # The store's own bound ended it, not a Redis socket timeout (redis-py's is a guard).
+    if frozen == "once connected":
+        assert events[0].detail == "no answer within 0.2 s"
+    else:
+        assert events[0].detail == "not connected within 0.3 s (connect_timeout)"
 
 
 # Threads, loops and fork.
@@ -541,8 +548,10 @@ class RacingStore(RedisTokenStore):
         return taken
 
 
-def racing_store(url: str, timeout: float = SLOW_MACHINE) -> RacingStore:
-    store = RedisTokenStore.from_url(url, timeout=timeout)
+def racing_store(
+    url: str, timeout: float = SLOW_MACHINE, connect_timeout: float = SLOW_MACHINE
+) -> RacingStore:
+    store = RedisTokenStore.from_url(url, timeout=timeout, connect_timeout=connect_timeout)
     store.__class__ = RacingStore
     return store  # type: ignore[return-value]
 
@@ -573,8 +582,10 @@ async def test_a_lock_call_that_timed_out_is_released(
 ) -> None:
     """A lock taken whose answer came too late is released, so nobody waits out its lifetime."""
     events: list[AuthEvent] = []
-    with racing_store(redis_server.url, timeout=0.25) as store:
-        store.slow_lock = 0.5  # longer than the store's timeout
+    with racing_store(redis_server.url, timeout=0.25, connect_timeout=0.25) as store:
+        # The lock's answer never comes back: the call's guard, past the store's own
+        # bounds, ends it (the guard allows a second past timeout and connect_timeout).
+        store.slow_lock = HANG_GUARD
         await query(with_store(live_emulator, store, events))
         await wait_until(
             lambda: not [n for n, _ in redis_server.dump() if n.endswith(b":lock")], timeout=2

@@ -1,0 +1,118 @@
+"""What a Redis token store makes of redis-py's errors: which a fresh connection heals,
+and, for the others, the cause and the fix in words an operator can act on.
+
+Managed Redis fails in ways a single local server does not: connections closed while
+idle (by Redis's own ``timeout``, a proxy, a load balancer), a failover behind one DNS
+name that leaves connections on the demoted primary (``READONLY``), a slot being migrated
+(``TRYAGAIN``). Those cost one more try on a fresh connection, not an outage. A URL of the
+wrong kind (a cluster node named by ``redis://``), a TLS certificate, an ACL without a
+command the store runs: each is said with its fix (see docs/managed-redis.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
+
+from ._redis_clients import Client
+
+ACL_COMMANDS = (
+    "+select +set +evalsha +eval +script|load +time +hget +hmget +hset +pttl +pexpire +get +del"
+)
+"""What the store runs (its scripts included), for an ACL line with ``~<prefix>:*``."""
+
+ACL_CLUSTER_EXTRA = "+cluster|slots +cluster|shards +command +asking +readonly"
+"""What redis-py's cluster client runs besides, to discover the cluster and follow migrations."""
+
+ACL_CLUSTER_COMMANDS = f"{ACL_COMMANDS} {ACL_CLUSTER_EXTRA}"
+"""The ACL commands of a store on a cluster."""
+
+_TRY_AGAIN_WAIT = 0.05
+"""Seconds before trying again a call whose keys were mid-migration (TRYAGAIN)."""
+
+
+def healable(exc: BaseException) -> bool:
+    """Whether a fresh connection may succeed where this error came from one in the pool."""
+    if isinstance(exc, (redis_errors.AuthenticationError, redis_errors.NoPermissionError)):
+        return False
+    if isinstance(exc, redis_errors.ConnectionError):
+        return not _tls_fault(exc)
+    return isinstance(
+        exc,
+        (
+            redis_errors.ReadOnlyError,
+            redis_errors.TryAgainError,
+            ConnectionResetError,
+            BrokenPipeError,
+        ),
+    )
+
+
+async def heal(client: Client, exc: BaseException) -> None:
+    """Drop what ``exc`` says is stale, so that the next try gets a fresh connection.
+
+    The pool's idle connections go (a failover or an idle close affects them all); the
+    one in error was dropped by redis-py already, or is idle again by now. A cluster
+    client reads the slots again; a Sentinel-backed pool asks the Sentinels again on its
+    next connection.
+    """
+    if isinstance(exc, redis_errors.TryAgainError):
+        await asyncio.sleep(_TRY_AGAIN_WAIT)
+        return
+    if isinstance(client, RedisCluster):
+        await client.nodes_manager.initialize()
+        return
+    await client.connection_pool.disconnect(inuse_connections=False)
+
+
+def _tls_fault(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "ssl" in text or "certificate" in text or "tls" in text
+
+
+def explain(exc: BaseException, *, clustered: bool, tls: bool) -> str | None:
+    """The cause of a store failure and its fix, in words; ``None`` when there is no more
+    to say than redis-py's message (Redis down, a timeout)."""
+    text = str(exc)
+    lowered = text.lower()
+    if isinstance(exc, (redis_errors.MovedError, redis_errors.AskError)) and not clustered:
+        return (
+            "this Redis is a node of a Redis Cluster: name it with a redis+cluster:// "
+            "(rediss+cluster:// for TLS) URL, or give the store a RedisCluster"
+        )
+    if "cluster mode is not enabled" in lowered or "cluster support disabled" in lowered:
+        # redis-py says so too when the ACL refuses CLUSTER SLOTS.
+        return (
+            "this Redis is not a cluster: name it with a redis:// (rediss://) URL; or, if it "
+            f"is one, its user may not discover it: its ACL needs {ACL_CLUSTER_EXTRA}"
+        )
+    if isinstance(exc, redis_errors.NoPermissionError):
+        needs = ACL_CLUSTER_COMMANDS if clustered else ACL_COMMANDS
+        return (
+            "the Redis user may not run a command the store needs: its ACL needs "
+            f"~<prefix>:* {needs}"
+        )
+    if isinstance(exc, redis_errors.AuthenticationError):
+        return "Redis refused the user name or password of the URL (or credential_provider)"
+    if isinstance(exc, redis_errors.ReadOnlyError):
+        return (
+            "this Redis is a replica, even on a fresh connection: name the primary "
+            "endpoint, or the Sentinels with redis+sentinel://"
+        )
+    if isinstance(exc, redis_errors.ConnectionError) and _tls_fault(exc):
+        return (
+            "TLS failed: with a private CA, add ?ssl_ca_certs=/path/to/ca.pem to the URL "
+            "(and ssl_certfile=, ssl_keyfile= if Redis asks for a client certificate); "
+            "a server without TLS wants redis://, not rediss://"
+        )
+    if (
+        isinstance(exc, redis_errors.ConnectionError)
+        and not tls
+        and ("reset by peer" in lowered or "closed by server" in lowered)
+    ):
+        return "the server closed the connection: if it expects TLS, use rediss://"
+    if type(exc).__name__ == "MasterNotFoundError":
+        return "no Sentinel named a primary for that service: check the service name"
+    return None
