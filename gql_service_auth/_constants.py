@@ -34,6 +34,17 @@ other processes of the host (:class:`~gql_service_auth.local.LocalTokenStore`, t
 the ``[redis]`` extra).
 """
 
+REDIS_SCHEMES: Final = (
+    "redis://",
+    "rediss://",
+    "unix://",
+    "redis+cluster://",
+    "rediss+cluster://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+)
+"""The URL forms of a Redis token store (see ``_redis_clients``)."""
+
 ENV_TOKEN_STORE_CONNECT_TIMEOUT: Final = "SERVICE_TOKEN_STORE_CONNECT_TIMEOUT"
 """Environment variable, optional: seconds a call of the ``SERVICE_TOKEN_STORE_URL`` store
 may wait for the store to be set up (connected, TLS done, cluster discovered) before its

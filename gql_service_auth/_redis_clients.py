@@ -30,14 +30,14 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
+from ._constants import REDIS_SCHEMES
 from ._errors import ConfigurationError
-from ._settings import REDIS_SCHEMES
 
 Client = aioredis.Redis | RedisCluster
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
-SCHEMES = REDIS_SCHEMES  # _settings, which needs no redis-py, knows them too
+SCHEMES = REDIS_SCHEMES
 
 _SENTINEL_PORT = 26379
 _SENTINEL_OWN = ("sentinel_username", "sentinel_password")
@@ -81,12 +81,32 @@ def _one_server_kwargs(tls: bool, userinfo: str, host: str, port: int, db: str, 
     return kwargs
 
 
+def _check_readable(url: str) -> None:
+    """Refuse a URL whose ``@`` comes after its host part: a password with an unescaped
+    ``/``, ``?`` or ``#`` (``user:12/ab@host``), whose rest would be read as the path (a
+    Sentinel service, shown in messages) or the host."""
+    if url.startswith("unix://"):
+        return
+    rest = url.partition("://")[2]
+    ends = [i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0]
+    if not ends:
+        return
+    host_part, after = rest[: min(ends)], rest[min(ends) :]
+    path = after.partition("?")[0].partition("#")[0]
+    # An @ in the path, or past the host part of a URL with none in it: a password's.
+    if "@" in path or ("@" in after and "@" not in host_part):
+        raise ConfigurationError(_UNREADABLE)
+
+
 def build(url: str, options: Mapping[str, Any]) -> Client:
     """The client of ``url`` with redis-py keywords ``options`` (the URL's query wins).
 
     Raises:
-        ConfigurationError: the URL cannot be read (its text is never quoted).
+        ConfigurationError: the URL cannot be read (its text is never quoted, nor kept in
+            the error's context: redis-py's message may quote parts of a password).
     """
+    _check_readable(url)
+    unreadable = False
     try:
         if url.startswith(CLUSTER_SCHEMES):
             return _cluster(url, options)
@@ -96,7 +116,9 @@ def build(url: str, options: Mapping[str, Any]) -> Client:
     except ConfigurationError:
         raise
     except ValueError:
-        raise ConfigurationError(_UNREADABLE) from None
+        unreadable = True
+    assert unreadable
+    raise ConfigurationError(_UNREADABLE)
 
 
 def _cluster_parts(url: str) -> tuple[bool, str, list[tuple[str, int]], str]:
@@ -156,8 +178,10 @@ def location(url: str) -> str:
         ConfigurationError: redis-py cannot read it; the message quotes none of it, as a
             password with an unescaped ``/`` or ``#`` would show in parts.
     """
+    _check_readable(url)
+    scheme = url.partition("://")[0]
+    parts: Any = None
     try:
-        scheme = url.partition("://")[0]
         if url.startswith(CLUSTER_SCHEMES):
             return f"{scheme}://{_listed(_cluster_parts(url)[2])}"
         if url.startswith(SENTINEL_SCHEMES):
@@ -167,7 +191,9 @@ def location(url: str) -> str:
     except ConfigurationError:
         raise
     except ValueError:
-        raise ConfigurationError(_UNREADABLE) from None
+        pass  # raised below, outside this block: no context that quotes the URL
+    if parts is None:
+        raise ConfigurationError(_UNREADABLE)
     if parts.get("path"):
         return f"unix://{parts['path']}"
     scheme = url.partition("://")[0]

@@ -88,13 +88,14 @@ def explain(exc: BaseException, *, clustered: bool, tls: bool) -> str | None:
             "this Redis is not a cluster: name it with a redis:// (rediss://) URL; or, if it "
             f"is one, its user may not discover it: its ACL needs {ACL_CLUSTER_EXTRA}"
         )
-    if isinstance(exc, redis_errors.NoPermissionError):
+    if isinstance(exc, redis_errors.NoPermissionError) or "can't run this command" in lowered:
+        # NOPERM; or, for a command inside a script, a plain error saying so.
         needs = ACL_CLUSTER_COMMANDS if clustered else ACL_COMMANDS
         return (
             "the Redis user may not run a command the store needs: its ACL needs "
             f"~<prefix>:* {needs}"
         )
-    if isinstance(exc, redis_errors.AuthenticationError):
+    if isinstance(exc, redis_errors.AuthenticationError) or "username-password" in lowered:
         return "Redis refused the user name or password of the URL (or credential_provider)"
     if isinstance(exc, redis_errors.ReadOnlyError):
         return (
@@ -114,5 +115,9 @@ def explain(exc: BaseException, *, clustered: bool, tls: bool) -> str | None:
     ):
         return "the server closed the connection: if it expects TLS, use rediss://"
     if type(exc).__name__ == "MasterNotFoundError":
-        return "no Sentinel named a primary for that service: check the service name"
+        return (
+            "no Sentinel named a primary that answers for that service: check the service "
+            "name and that the Sentinels can be reached; during a failover, this passes "
+            "once a replica is promoted"
+        )
     return None

@@ -23,6 +23,7 @@ from ._constants import (
     ENV_TOKEN_STORE_URL,
     FETCH_GRACE,
     GRAPHQL_PATH,
+    REDIS_SCHEMES,
     STORE_CONNECT_TIMEOUT,
     STORE_TIMEOUT,
     TOKEN_PATH,
@@ -93,18 +94,6 @@ def store_from_env(environ: Mapping[str, str]) -> TokenStore | None:
         "host) or a Redis URL: redis://, rediss:// or unix://, redis+cluster:// (a Redis "
         "Cluster) or redis+sentinel:// (Sentinel), with rediss+ for TLS"
     )
-
-
-REDIS_SCHEMES = (
-    "redis://",
-    "rediss://",
-    "unix://",
-    "redis+cluster://",
-    "rediss+cluster://",
-    "redis+sentinel://",
-    "rediss+sentinel://",
-)
-"""The URL forms of a Redis store (``_redis_clients.SCHEMES``, which needs redis-py)."""
 
 
 def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:

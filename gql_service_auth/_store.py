@@ -189,33 +189,47 @@ class StoreFault(Exception):
         self.error = error
 
 
+class Turn:
+    """A store call's side on the store's loop (see :func:`call_on_thread`).
+
+    Attributes:
+        abandoned: Whether its caller gave up on it (a bound ran out, or it was
+            cancelled): an outcome it raises now is nobody's to read.
+    """
+
+    def __init__(self) -> None:
+        self.began: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.abandoned = False
+
+    def start(self) -> None:
+        """The store is ready and this call's turn has come: ``timeout`` starts now."""
+        if not self.began.done():
+            self.began.set_result(None)
+
+
 async def call_on_thread(
     loop: LoopThread,
-    body: Callable[[Callable[[], None]], Coroutine[Any, Any, _T]],
+    body: Callable[[Turn], Coroutine[Any, Any, _T]],
     *,
     connect_timeout: float,
     timeout: float,
 ) -> _T:
-    """Run ``body(started)`` on ``loop``: ``connect_timeout`` to call ``started()``, then
+    """Run ``body(turn)`` on ``loop``: ``connect_timeout`` to call ``turn.start()``, then
     ``timeout`` to finish.
 
-    ``body`` sets its store up, or waits for a set-up under way, and for its turn, then
-    calls ``started()`` and makes its call: a first call that connects, or a call queued
-    behind a burst, is not cut off by the short bound meant for one round trip. Cancelling
-    the caller, or a bound that runs out, cancels ``body``.
+    ``body`` sets its store up, or waits for a set-up under way, and for its turn (a
+    connection included), then calls ``turn.start()`` and makes its call: a first call
+    that connects, or a call queued behind a burst, is not cut off by the short bound
+    meant for one round trip. Cancelling the caller, or a bound that runs out, cancels
+    ``body``.
 
     Raises:
         StoreTimeout: a bound ran out; its message says which.
         LoopClosed: the loop is closed.
     """
-    began: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-    def started() -> None:
-        if not began.done():
-            began.set_result(None)
-
-    outcome: asyncio.Future[Any] = asyncio.wrap_future(loop.submit(body(started)))
-    ready: asyncio.Future[Any] = asyncio.wrap_future(began)
+    turn = Turn()
+    outcome: asyncio.Future[Any] = asyncio.wrap_future(loop.submit(body(turn)))
+    ready: asyncio.Future[Any] = asyncio.wrap_future(turn.began)
     try:
         done, _ = await asyncio.wait(
             {outcome, ready}, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED
@@ -231,6 +245,7 @@ async def call_on_thread(
     finally:
         ready.cancel()
         if not outcome.done():
+            turn.abandoned = True
             outcome.cancel()  # cancels the call on the store's loop too
 
 

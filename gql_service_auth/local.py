@@ -82,6 +82,7 @@ from ._store import (
     StoresByUrl,
     Timeouts,
     TokenIdentity,
+    Turn,
     call_on_thread,
     checked_seconds,
 )
@@ -293,12 +294,12 @@ class LocalTokenStore(StoreOnItsThread):
         """
         running = self._running
 
-        async def body(started: Callable[[], None]) -> _T:
+        async def body(turn: Turn) -> _T:
             try:
                 await running.ready()
             finally:
                 running.unreported()  # this call's own failure, or a prepare()'s
-            started()
+            turn.start()
             return running.database.run(work)
 
         try:

@@ -60,6 +60,7 @@ from ._store import (
     StoreTimeout,
     Timeouts,
     TokenIdentity,
+    Turn,
     call_on_thread,
     checked_seconds,
 )
@@ -281,11 +282,12 @@ class RedisTokenStore(StoreOnItsThread):
         """
         running = self._running
 
-        async def body(started: Callable[[], None]) -> Any:
+        async def body(turn: Turn) -> Any:
             try:
                 client, calls = await running.ready_client()
                 async with calls:
-                    started()
+                    await _connection_at_hand(client)
+                    turn.start()
                     script = running.script(source)
                     try:
                         return await script(keys=keys, args=args, client=client)
@@ -295,7 +297,7 @@ class RedisTokenStore(StoreOnItsThread):
                         await heal(client, exc)
                     return await script(keys=keys, args=args, client=client)
             except asyncio.CancelledError:
-                if running.loop.closing:
+                if running.loop.closing and not turn.abandoned:
                     # Cancelled by close(), not by the caller: to the caller an error of
                     # the store like any other, so that it fetches its token itself.
                     raise LoopClosed("the token store was closed") from None
@@ -447,24 +449,31 @@ class _Running:
 
     async def ready(self) -> None:
         """Connect (once: every call waits for the one set-up under way; again after a
-        failure), within ``connect_timeout``. On the store's loop."""
+        failure), waiting ``connect_timeout`` at most. On the store's loop.
+
+        The set-up is a task of its own, which a caller that gives up leaves running (up
+        to ``_SET_UP_SPAN`` times the bound): a set-up slower than one caller's bound, a
+        Redis far away, still ends, and serves the callers after it.
+        """
         if self.set_up:
             return
         if self.client is None:
             self.client = self._connect()
             self.calls = asyncio.Semaphore(_call_limit(self.client))
-        if self.setting_up is None or self.setting_up.done():
-            # Its own task, so that a caller that gives up does not end it for the others.
-            self.setting_up = asyncio.ensure_future(
-                asyncio.wait_for(self._set_up(self.client), self._connect_timeout)
-            )
+        task = self.setting_up
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self.setting_up = asyncio.ensure_future(self._bounded_set_up(self.client))
+            task.add_done_callback(_retrieved)  # a set-up every caller gave up on
         try:
-            await asyncio.shield(self.setting_up)
+            await asyncio.wait_for(asyncio.shield(task), self._connect_timeout)
         except asyncio.TimeoutError:
             raise StoreTimeout(
                 f"not connected within {self._connect_timeout:g} s (connect_timeout)"
             ) from None
         self.set_up = True
+
+    async def _bounded_set_up(self, client: _Client) -> None:
+        await asyncio.wait_for(self._set_up(client), self._connect_timeout * _SET_UP_SPAN)
 
     async def ready_client(self) -> tuple[_Client, asyncio.Semaphore]:
         await self.ready()
@@ -476,9 +485,10 @@ class _Running:
         """One round of what the first call would otherwise pay: a connection (TLS and
         AUTH included), the cluster's slots, the scripts loaded where they run."""
         if isinstance(client, RedisCluster):
+            # The slots only: loading the scripts on every primary would wait for each,
+            # and one frozen primary would stop every identity; a call loads its script
+            # where it runs (NOSCRIPT, then SCRIPT LOAD).
             await client.initialize()
-            for source in _ALL_SCRIPTS:  # SCRIPT LOAD goes to every primary
-                await client.script_load(source)
             return
         # One round trip for every script, rather than a NOSCRIPT and a load in the first
         # call of each (the Sentinels' primary is asked for on connecting). No PING: the
@@ -494,6 +504,28 @@ class _Running:
         self.set_up = False
         if client is not None:
             await clients.close(client)
+
+
+_SET_UP_SPAN = 3
+"""A set-up may go on for this many times ``connect_timeout``, for the callers after the
+ones that gave up on it; redis-py's socket timeouts bound each of its steps too."""
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _connection_at_hand(client: _Client) -> None:
+    """Take a connection from a single server's pool and give it back: one that needs
+    opening (TCP, TLS, AUTH; a Sentinel asked where the primary is) opens now, before the
+    call's ``timeout`` starts, and a closed idle one is found and reopened. A burst of
+    calls to a Redis far away thus grows the pool, rather than each call cut off while
+    it connects. A cluster's connections open within the call."""
+    if isinstance(client, aioredis.Redis):
+        pool = client.connection_pool
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        await pool.release(connection)
 
 
 _ALL_SCRIPTS = (

@@ -71,12 +71,17 @@ def test_each_url_form_names_where_it_leads_without_its_secrets(url: str, locati
         ("redis+sentinel://s1:26379/", "names the service"),
         ("redis+cluster://:secret@:7000", "cannot be read"),
         ("sentinel://s1:26379/tokens", "must start with"),
+        # A password with an unescaped "/": its rest would pass for the service, or a host.
+        ("redis+sentinel://user:12345/secret9@127.0.0.1:1/tokens", "cannot be read"),
+        ("redis://user:12/secret9@127.0.0.1:6379", "cannot be read"),
+        ("redis+sentinel://u:secret#x@h:1/t", "cannot be read"),
     ],
 )
 def test_a_url_of_no_known_form_is_refused_without_quoting_it(url: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message) as refused:
         RedisTokenStore.from_url(url)
     assert "secret" not in str(refused.value)
+    assert refused.value.__context__ is None  # redis-py's message may quote the password
 
 
 async def test_from_env_takes_the_connect_timeout_from_the_environment(
@@ -310,3 +315,21 @@ async def test_a_warm_local_store_serves_a_burst_of_100_tenants_with_no_token_re
         await asyncio.gather(*(query(transport) for transport in transports))
     assert live_emulator.counters.token_requests == 0
     assert [e.name for e in events] == ["token_loaded"] * 100
+
+
+async def test_a_burst_to_a_redis_far_away_grows_the_pool_rather_than_fail(
+    live_emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """8 tenants' first queries at once, 100 ms round trips, default bounds: each call's
+    connection opens before its 0.25 s start, so none is cut off while connecting."""
+    from redis_deployments import TcpProxy
+
+    clients = tenants(live_emulator, 8)
+    events: list[AuthEvent] = []
+    with (
+        TcpProxy(redis_server.port, delay=0.05) as far,
+        RedisTokenStore.from_url(f"redis://127.0.0.1:{far.port}/0") as store,
+    ):
+        transports = [with_store(live_emulator, store, events, client=c) for c in clients]
+        await asyncio.gather(*(query(transport) for transport in transports))
+    assert [e.name for e in events] == ["token_fetched"] * 8
