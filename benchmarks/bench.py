@@ -4,6 +4,7 @@
     python benchmarks/bench.py --tiny       # small N: proves the script works (CI)
     python benchmarks/bench.py --json       # figures as one JSON object
     python benchmarks/bench.py --only 7     # one figure (here: the pytest plugin's cost)
+    python benchmarks/bench.py --only 14    # fleets on a cluster, Sentinel, TLS far away, local
 
 Every run talks only to servers it starts on 127.0.0.1: a lean server in a subprocess for
 overhead runs (so its work does not share the client's GIL), and the emulator for runs
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import _deployments
 import _otel
 import _sharing
 import _stacks
@@ -88,7 +90,17 @@ class Sizes:
     worker_processes: int = 4
     worker_concurrency: int = 50
     worker_seconds: float = 12.0
+    deployment_processes: int = 8
+    deployment_local_processes: int = 64  # a host's workers, on one local store
+    deployment_concurrency: int = 20
+    deployments: tuple[str, ...] = _deployments.NAMES
 
+
+# Figure 14 in the tiny run: the cluster (about 2.7 s to set up and run on a quiet machine)
+# and Sentinel (1.7 s) are left out and reported as such; tests/test_store_deployments.py
+# proves the store on them. TLS 50 ms away (1.2 s) stays: its connect_timeout is the
+# figure's point.
+TINY_DEPLOYMENTS = (_deployments.PLAIN, _deployments.TLS_FAR, _deployments.LOCAL)
 
 TINY = Sizes(
     requests=100,
@@ -123,6 +135,10 @@ TINY = Sizes(
     worker_processes=2,
     worker_concurrency=5,
     worker_seconds=1.0,
+    deployment_processes=2,
+    deployment_local_processes=3,
+    deployment_concurrency=5,
+    deployments=TINY_DEPLOYMENTS,
 )
 
 
@@ -1288,6 +1304,10 @@ async def _run(
         ("9 fleet", lambda: fleet(sizes)),
         ("10 revocation", lambda: fleet_revocation(sizes)),
         ("13 opentelemetry", lambda: otel_cost(sizes)),
+        (
+            "14 fleets on deployments",
+            lambda: _deployments.figure(sizes, _fleet_processes, _fleet_phase),
+        ),
     ]
     for name, step in steps:
         if only is None or name.startswith(only + " "):
@@ -1318,6 +1338,10 @@ def print_table(figures: dict[str, Any]) -> None:
         ("11 other stacks", lambda figures: _stacks.print_figure(figures["11 other stacks"])),
         ("12 sharing", lambda figures: _sharing.print_figure(figures["12 sharing"])),
         ("13 opentelemetry", lambda figures: _otel.print_figure(figures["13 opentelemetry"])),
+        (
+            "14 fleets on deployments",
+            lambda figures: _deployments.print_figure(figures["14 fleets on deployments"]),
+        ),
     ):
         if name in figures:
             print()
@@ -1510,7 +1534,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
     parser.add_argument(
-        "--only", choices=[str(n) for n in range(1, 14)], help="run only this figure's number"
+        "--only", choices=[str(n) for n in range(1, 15)], help="run only this figure's number"
     )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()

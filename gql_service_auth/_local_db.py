@@ -132,10 +132,19 @@ def _refuse_shared(path: str, status: os.stat_result, what: str, advice: str) ->
         )
 
 
+_call = threading.local()
+"""The call under way on this thread (its store's thread): ``started``, told when it holds
+SQLite's write lock, so that the wait for the lock, behind other processes' writes,
+counts as its wait for a turn, not as the call (see ``Database.run``)."""
+
+
 @contextlib.contextmanager
 def _writing(connection: sqlite3.Connection) -> Iterator[None]:
     """One write transaction, holding SQLite's write lock from its start."""
     connection.execute("BEGIN IMMEDIATE")
+    started = getattr(_call, "started", None)
+    if started is not None:
+        started()
     try:
         yield
         connection.execute("COMMIT")
@@ -268,7 +277,8 @@ class Database:
 
     Args:
         directory: The store's directory, absolute.
-        busy: SQLite's busy timeout, in seconds: below the store's ``timeout``.
+        busy: SQLite's busy timeout, in seconds: below the store's ``connect_timeout``,
+            which bounds a call's wait for its turn.
     """
 
     def __init__(self, directory: str, busy: float) -> None:
@@ -292,8 +302,13 @@ class Database:
         if connection is not None:
             connection.close()
 
-    def run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    def run(
+        self, work: Callable[[sqlite3.Connection], _T], started: Callable[[], None] | None = None
+    ) -> _T:
         """``work(connection)`` on the database, opened or reopened as needed.
+
+        ``started`` is called once ``work`` holds the write lock, or once it is done if it
+        needs none: a wait for the lock behind other processes is a wait for a turn.
 
         Raises:
             PermissionError: the directory or the file is not private to this user.
@@ -309,8 +324,12 @@ class Database:
                     "which leaves SQLite's locks unusable in it: it fetches its own tokens"
                 )
             found = self._checked()
+            _call.started = started
             try:
-                return work(self._connection(found))
+                answer = work(self._connection(found))
+                if started is not None:
+                    started()
+                return answer
             except _NotOurs as exc:
                 raise sqlite3.DatabaseError(f"the token store file {self.path}: {exc}") from None
             except sqlite3.DatabaseError as exc:
@@ -321,6 +340,8 @@ class Database:
                     f"the token store file {self.path} was not a database ({exc}): it was "
                     "replaced by an empty one"
                 ) from None
+            finally:
+                _call.started = None
 
     def _checked(self) -> tuple[int, int]:
         """Make what is missing, refuse what others may use; the file's (device, inode)."""

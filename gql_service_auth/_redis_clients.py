@@ -45,7 +45,7 @@ _SENTINEL_OWN = ("sentinel_username", "sentinel_password")
 
 _UNREADABLE = (
     "the token store URL cannot be read: check its hosts and ports, and percent-encode any "
-    "/, #, ?, @ or , in its user name or password"
+    "/, #, ?, @ or , in its user name or password, and any @ in an option's value"
 )
 
 
@@ -82,19 +82,21 @@ def _one_server_kwargs(tls: bool, userinfo: str, host: str, port: int, db: str, 
 
 
 def _check_readable(url: str) -> None:
-    """Refuse a URL whose ``@`` comes after its host part: a password with an unescaped
-    ``/``, ``?`` or ``#`` (``user:12/ab@host``), whose rest would be read as the path (a
-    Sentinel service, shown in messages) or the host."""
-    if url.startswith("unix://"):
-        return
+    """Refuse a URL with an ``@`` past its host part, or a fragment: a password with an
+    unescaped ``/``, ``?``, ``#`` or ``@`` (``user:12/ab@host``), whose rest would be read
+    as the path (a Sentinel service, shown in messages) or the host (looked up, and shown).
+    An ``@`` in an option's value is refused too: percent-encoded (``%40``), it is read."""
     rest = url.partition("://")[2]
-    ends = [i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0]
-    if not ends:
-        return
-    host_part, after = rest[: min(ends)], rest[min(ends) :]
-    path = after.partition("?")[0].partition("#")[0]
-    # An @ in the path, or past the host part of a URL with none in it: a password's.
-    if "@" in path or ("@" in after and "@" not in host_part):
+    if url.startswith("unix://"):
+        # unix://[user:password@]/path: the path starts at the first "/" after any "@".
+        userinfo, at, path = rest.partition("@")
+        rest = path if at and not any(c in userinfo for c in "/?#") else rest
+        ends = [i for i in (rest.find("?"), rest.find("#")) if i >= 0]
+        host_part, after = "", rest
+    else:
+        ends = [i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0]
+        host_part, after = (rest[: min(ends)], rest[min(ends) :]) if ends else (rest, "")
+    if "@" in after or "#" in rest or host_part.count("@") > 1:
         raise ConfigurationError(_UNREADABLE)
 
 
@@ -162,10 +164,11 @@ def _sentinel(url: str, options: Mapping[str, Any]) -> aioredis.Redis:
         for name, value in kwargs.items()
         if name.startswith(("socket_", "ssl")) or name in ("retry", "protocol")
     }
+    # parse_qsl decoded them already.
     if own.get("sentinel_username"):
-        sentinel_kwargs["username"] = unquote(own["sentinel_username"])
+        sentinel_kwargs["username"] = own["sentinel_username"]
     if own.get("sentinel_password"):
-        sentinel_kwargs["password"] = unquote(own["sentinel_password"])
+        sentinel_kwargs["password"] = own["sentinel_password"]
     manager = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
     client: aioredis.Redis = manager.master_for(service)
     return client
@@ -198,11 +201,15 @@ def location(url: str) -> str:
         return f"unix://{parts['path']}"
     scheme = url.partition("://")[0]
     host, port = parts.get("host", "localhost"), parts.get("port", 6379)
-    return f"{scheme}://{host}:{port}/{parts.get('db', 0)}"
+    return f"{scheme}://{_host(host)}:{port}/{parts.get('db', 0)}"
 
 
 def _listed(hosts: list[tuple[str, int]]) -> str:
-    return ",".join(f"{quote(host, safe='.:')}:{port}" for host, port in hosts)
+    return ",".join(f"{_host(quote(host, safe='.:'))}:{port}" for host, port in hosts)
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def client_location(client: Client) -> str:

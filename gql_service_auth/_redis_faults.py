@@ -39,6 +39,9 @@ def healable(exc: BaseException) -> bool:
         return False
     if isinstance(exc, redis_errors.ConnectionError):
         return not _tls_fault(exc)
+    if isinstance(exc, redis_errors.ClusterError) and "TTL exhausted" in str(exc):
+        # A cluster client's own redirections and TRYAGAIN waits ran out (a slot moving).
+        return True
     return isinstance(
         exc,
         (
@@ -114,6 +117,11 @@ def explain(exc: BaseException, *, clustered: bool, tls: bool) -> str | None:
         and ("reset by peer" in lowered or "closed by server" in lowered)
     ):
         return "the server closed the connection: if it expects TLS, use rediss://"
+    if isinstance(exc, redis_errors.ClusterError) and "TTL exhausted" in text:
+        return (
+            "a slot of the cluster was moving (a resharding, a failover), longer than the "
+            "call's timeout: this passes once the move is done"
+        )
     if type(exc).__name__ == "MasterNotFoundError":
         return (
             "no Sentinel named a primary that answers for that service: check the service "

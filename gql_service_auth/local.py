@@ -23,7 +23,8 @@ database (the standard library's ``sqlite3``), ``tokens-v1.sqlite3`` in the dire
   link, or a directory that is another user's link, is refused when used: the process
   fetches its token itself, after a ``token_store_failed`` event that says what to do.
 - SQLite calls block: they run one at a time on a daemon thread of the store's own, never on
-  a caller's event loop, each bounded by ``timeout`` (SQLite's busy timeout is below it). A
+  a caller's event loop, each bounded by ``timeout`` once it runs and holds SQLite's write
+  lock, and by ``connect_timeout`` until then (SQLite's busy timeout is below it). A
   forked child opens a connection of its own. A ``fork()`` waits for the SQLite call under
   way, if any (1 s at most): SQLite's locks are not inherited, but its memory of them is.
   A child forked while a call went on past that does not use the store.
@@ -95,8 +96,10 @@ _FAILURE_TTL = 5.0
 """How long a failed fetch's reason is kept for its waiters, who poll every 80 ms at most."""
 
 _BUSY_SHARE = 0.8
-"""SQLite's busy timeout, as a share of the store's ``timeout``: a lock held elsewhere ends
-the call in SQLite's own error, within the caller's bound."""
+"""SQLite's busy timeout, as a share of the store's ``connect_timeout``: a write lock held
+elsewhere past it ends the call in SQLite's own error, within the caller's bound. The wait
+for the lock is a wait for a turn, behind other processes' writes: 64 processes starting
+together on a busy host wait in that queue longer than one call's ``timeout``."""
 
 
 def _aad(tag: str, kind: str) -> bytes:
@@ -263,7 +266,7 @@ class LocalTokenStore(StoreOnItsThread):
         )
 
     def _start(self) -> None:
-        self._running = _Running(self._directory, self._timeout * _BUSY_SHARE)
+        self._running = _Running(self._directory, self._connect_timeout * _BUSY_SHARE)
         # Closes the database and stops the thread when the store is collected, or at exit.
         self._finalizer = weakref.finalize(self, self._running.loop.shut)
 
@@ -299,8 +302,9 @@ class LocalTokenStore(StoreOnItsThread):
                 await running.ready()
             finally:
                 running.unreported()  # this call's own failure, or a prepare()'s
-            turn.start()
-            return running.database.run(work)
+            # Its turn starts once it holds SQLite's write lock (or is done, for a read):
+            # the wait behind other processes' writes is a queue, not the call.
+            return running.database.run(work, started=turn.start)
 
         try:
             return await call_on_thread(

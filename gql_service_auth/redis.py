@@ -41,6 +41,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
     ) from exc
 
 import asyncio
+import functools
 import json
 import weakref
 from collections.abc import Callable
@@ -286,7 +287,7 @@ class RedisTokenStore(StoreOnItsThread):
             try:
                 client, calls = await running.ready_client()
                 async with calls:
-                    await _connection_at_hand(client)
+                    await _connection_at_hand(client, running.set_up_span)
                     turn.start()
                     script = running.script(source)
                     try:
@@ -440,11 +441,22 @@ class _Running:
     def __repr__(self) -> str:
         return f"<running {self.loop!r}>"
 
+    @property
+    def set_up_span(self) -> float:
+        return self._connect_timeout * _SET_UP_SPAN
+
     def script(self, source: str) -> Any:
         script = self.scripts.get(source)
         if script is None:
             assert self.client is not None
-            script = self.scripts[source] = self.client.register_script(source)
+            if isinstance(self.client, RedisCluster):
+                # EVAL, routed by key: redis-py's Script answers a NOSCRIPT by loading the
+                # script on every primary, and one frozen primary would hold each first
+                # call; EVAL caches it on the node that runs it.
+                script = functools.partial(_eval_by_key, source)
+            else:
+                script = self.client.register_script(source)
+            self.scripts[source] = script
         return script
 
     async def ready(self) -> None:
@@ -473,7 +485,7 @@ class _Running:
         self.set_up = True
 
     async def _bounded_set_up(self, client: _Client) -> None:
-        await asyncio.wait_for(self._set_up(client), self._connect_timeout * _SET_UP_SPAN)
+        await asyncio.wait_for(self._set_up(client), self.set_up_span)
 
     async def ready_client(self) -> tuple[_Client, asyncio.Semaphore]:
         await self.ready()
@@ -511,21 +523,35 @@ _SET_UP_SPAN = 3
 ones that gave up on it; redis-py's socket timeouts bound each of its steps too."""
 
 
+async def _eval_by_key(source: str, keys: list[str], args: list[Any], client: _Client) -> Any:
+    return await client.eval(source, len(keys), *keys, *args)
+
+
 def _retrieved(task: asyncio.Future[None]) -> None:
     if not task.cancelled():
         task.exception()
 
 
-async def _connection_at_hand(client: _Client) -> None:
+async def _connection_at_hand(client: _Client, span: float) -> None:
     """Take a connection from a single server's pool and give it back: one that needs
     opening (TCP, TLS, AUTH; a Sentinel asked where the primary is) opens now, before the
     call's ``timeout`` starts, and a closed idle one is found and reopened. A burst of
     calls to a Redis far away thus grows the pool, rather than each call cut off while
-    it connects. A cluster's connections open within the call."""
-    if isinstance(client, aioredis.Redis):
-        pool = client.connection_pool
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+    it connects. The opening is a task of its own, as the set-up is: a caller that gives
+    up leaves it to end (within ``span`` seconds) and serve the next. A cluster's
+    connections open within the call."""
+    if not isinstance(client, aioredis.Redis):
+        return
+    pool = client.connection_pool
+
+    async def take_and_give_back() -> None:
+        opening = pool.get_connection()  # type: ignore[no-untyped-call]
+        connection = await asyncio.wait_for(opening, span)
         await pool.release(connection)
+
+    task = asyncio.ensure_future(take_and_give_back())
+    task.add_done_callback(_retrieved)
+    await asyncio.shield(task)
 
 
 _ALL_SCRIPTS = (

@@ -1,7 +1,10 @@
 """One process of a fleet sharing tokens through a token store: run by the tests as a subprocess.
 
 Its settings come as JSON in the ``FLEET_CONFIG`` environment variable (``redis_url``, or
-``store_url`` for any store URL: ``file://`` for a LocalTokenStore). It connects, says
+``store_url`` for any store URL: ``file://`` for a LocalTokenStore, any other form, such as
+``rediss://``, ``redis+cluster://`` or ``redis+sentinel://``, for a RedisTokenStore; the
+store's ``timeout`` from ``store_timeout``, its ``connect_timeout`` from ``connect_timeout``,
+each its default when absent). It connects, says
 ``ready`` on stdout, then for each line read on stdin (``go``) runs one phase and prints
 its outcome as one JSON line: ``concurrency`` queries at once, or, with ``seconds``, that
 many workers querying for that long, each waiting ``pause`` seconds between its queries.
@@ -37,9 +40,12 @@ async def main() -> None:
         )
         logging.getLogger("gql").setLevel(logging.WARNING)
     events: collections.Counter[str] = collections.Counter()
+    store_failures: collections.Counter[str] = collections.Counter()
 
     def count(event: AuthEvent) -> None:
         events[event.name] += 1
+        if event.name == "token_store_failed":  # what failed, in words: no secret in it
+            store_failures[f"{event.error}: {event.detail}"] += 1
 
     # No redis_url (or store_url): each process on its own, as without a store (the
     # benchmark's baseline). A file:// store_url is a LocalTokenStore.
@@ -49,10 +55,16 @@ async def main() -> None:
         opener = (
             LocalTokenStore.from_url if url.startswith("file://") else RedisTokenStore.from_url
         )
+        # connect_timeout only when given: a package before it (a benchmark's "before"
+        # run) has no such argument.
+        bounds = (
+            {"connect_timeout": config["connect_timeout"]} if "connect_timeout" in config else {}
+        )
         store = opener(
             url,
             cooldown=config.get("cooldown", 10.0),
             timeout=config.get("store_timeout", 0.25),
+            **bounds,
         )
     transport = OAuth2Transport(
         config["graphql_url"],
@@ -98,6 +110,7 @@ async def main() -> None:
                 "failures": failures,
                 "slowest": max(latencies, default=0.0),
                 "events": dict(events),
+                "store_failures": dict(store_failures),
             }
             print(json.dumps(outcome), flush=True)
     if store is not None:

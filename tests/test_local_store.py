@@ -578,7 +578,8 @@ async def test_blocking_sqlite_calls_stay_off_the_callers_loop(
     ends within timeout, and a query on the same loop succeeds."""
     directory = tmp_path / "store"
     events: list[AuthEvent] = []
-    with LocalTokenStore(directory, timeout=2.0) as store:  # SQLite waits up to 1.6 s
+    # SQLite waits up to 1.6 s: 0.8 of connect_timeout (2 s), which bounds a wait for a turn.
+    with LocalTokenStore(directory, timeout=2.0) as store:
         assert await store.load(IDENTITY) is None  # made, and open
         holder = sqlite3.connect(directory / DATABASE, isolation_level=None)
         try:

@@ -109,7 +109,8 @@ def test_a_child_forked_during_a_call_past_the_wait_fetches_its_own_token(
     """A call longer than the fork's 1 s wait: the child's queries succeed without the
     store, after one token_store_failed that says why; the parent's store goes on."""
     directory = tmp_path / "store"
-    with LocalTokenStore(directory, timeout=3.0) as store:  # SQLite waits 2.4 s
+    # SQLite waits 2.4 s: 0.8 of connect_timeout, the bound of a wait for a turn.
+    with LocalTokenStore(directory, timeout=3.0, connect_timeout=3.0) as store:
         assert asyncio.run(store.load(IDENTITY)) is None
         with (
             reader_holding(directory / DATABASE, 2.0),

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from redis_server import RedisServer, command
 from support import (
+    HANG_GUARD,
     SLOW_MACHINE,
     closed_port,
     identity_of,
@@ -30,7 +31,14 @@ from support import (
     with_store,
 )
 
-from gql_service_auth import AuthEvent, ConfigurationError, OAuth2Transport, StoredToken
+from gql_service_auth import (
+    AuthEvent,
+    ConfigurationError,
+    OAuth2Transport,
+    RetryPolicy,
+    StoredToken,
+)
+from gql_service_auth._local_db import DATABASE
 from gql_service_auth.cli import main
 from gql_service_auth.emulator import Emulator
 from gql_service_auth.local import LocalTokenStore
@@ -53,7 +61,7 @@ def clients_of(port: int) -> int:
         ("rediss+cluster://clustercfg.example.com:6379?ssl_ca_certs=/ca.pem", "rediss+cluster://clustercfg.example.com:6379"),
         ("redis+sentinel://:pw@s1:26379,s2/tokens/2", "redis+sentinel://s1:26379,s2:26379/tokens/2"),
         ("rediss+sentinel://s1/tokens?sentinel_password=x", "rediss+sentinel://s1:26379/tokens/0"),
-        ("rediss://default:pw@[::1]:6380/1", "rediss://::1:6380/1"),
+        ("rediss://default:pw@[::1]:6380/1", "rediss://[::1]:6380/1"),
     ],
 )  # fmt: skip
 def test_each_url_form_names_where_it_leads_without_its_secrets(url: str, location: str) -> None:
@@ -75,6 +83,8 @@ def test_each_url_form_names_where_it_leads_without_its_secrets(url: str, locati
         ("redis+sentinel://user:12345/secret9@127.0.0.1:1/tokens", "cannot be read"),
         ("redis://user:12/secret9@127.0.0.1:6379", "cannot be read"),
         ("redis+sentinel://u:secret#x@h:1/t", "cannot be read"),
+        ("redis://tok:x@secret?more@127.0.0.1:1/0", "cannot be read"),
+        ("unix://:pa/secret@/tmp/x.sock", "cannot be read"),
     ],
 )
 def test_a_url_of_no_known_form_is_refused_without_quoting_it(url: str, message: str) -> None:
@@ -333,3 +343,54 @@ async def test_a_burst_to_a_redis_far_away_grows_the_pool_rather_than_fail(
         transports = [with_store(live_emulator, store, events, client=c) for c in clients]
         await asyncio.gather(*(query(transport) for transport in transports))
     assert [e.name for e in events] == ["token_fetched"] * 8
+
+
+async def test_a_set_up_slower_than_connect_timeout_still_ends_and_serves_later_calls(
+    live_emulator: Emulator, redis_server: RedisServer
+) -> None:
+    """300 ms round trips: connecting takes several, past a connect_timeout of 0.5 s. The first
+    call gives up (and its process fetches), but the set-up goes on, and the calls after
+    it use the connection it opened rather than start again from nothing."""
+    from redis_deployments import TcpProxy
+
+    first, second = tenants(live_emulator, 2)
+    events: list[AuthEvent] = []
+    with (
+        TcpProxy(redis_server.port, delay=0.15) as far,
+        RedisTokenStore.from_url(
+            f"redis://127.0.0.1:{far.port}/0",
+            connect_timeout=0.5,
+            timeout=SLOW_MACHINE,
+            cooldown=0,
+        ) as store,
+    ):
+        await query(with_store(live_emulator, store, events, client=first))
+        assert events[0].detail == "not connected within 0.5 s (connect_timeout)"
+        setting_up = store._running.setting_up
+        assert setting_up is not None
+        await wait_until(setting_up.done)
+        assert setting_up.exception() is None
+        events.clear()
+        # Its calls, a round trip of 300 ms each, may outlast the tests' fetch deadline.
+        patient = RetryPolicy(timeout=HANG_GUARD)
+        await query(with_store(live_emulator, store, events, client=second, retry=patient))
+    assert [e.name for e in events] == ["token_fetched"]
+
+
+async def test_a_local_write_waiting_behind_another_process_is_not_cut_by_the_call_timeout(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    """64 processes starting together queue on SQLite's write lock: the wait for it is a
+    wait for a turn (connect_timeout), and the write itself keeps its 0.25 s."""
+    with LocalTokenStore(tmp_path, connect_timeout=SLOW_MACHINE) as store:
+        identity = identity_of(emulator)
+        assert await store.load(identity) is None  # made, and open
+        another_process = sqlite3.connect(tmp_path / DATABASE, isolation_level=None)
+        try:
+            another_process.execute("BEGIN IMMEDIATE")  # its write under way
+            saving = asyncio.ensure_future(store.save(identity, StoredToken("t", 60, 60)))
+            await asyncio.sleep(0.5)  # longer than the call's 0.25 s
+            another_process.execute("COMMIT")
+            assert await saving is True
+        finally:
+            another_process.close()

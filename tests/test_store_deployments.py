@@ -10,6 +10,7 @@ fetched, so a token request each time the store did not share.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Iterator
@@ -314,3 +315,40 @@ def test_the_docs_cluster_acl_line_suffices_and_one_without_discovery_is_explain
     finally:
         for port in cluster.ports:
             call(port, "ACL", "DELUSER", "acl-user")
+
+
+@pytest.mark.xdist_group("cluster")
+async def test_a_slot_mid_migration_costs_no_outage(
+    live_emulator: Emulator, cluster: RedisClusterSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resharding moves the slot of an identity's keys while its lock is held: the
+    two-key unlock meets TRYAGAIN (one key moved, one not), and is tried once more once
+    the move is done. The move is finished when the store meets TRYAGAIN, not after a
+    guessed delay: the test waits for the event, as the store waits its 50 ms."""
+    import gql_service_auth.redis as store_module
+
+    identity = identity_of(live_emulator, tenants(live_emulator, 1)[0])
+    heal = store_module.heal
+    met: list[str] = []
+
+    async def finishing_the_move(client: object, exc: BaseException) -> None:
+        # redis-py's cluster client waits out TRYAGAIN a few times itself, then says so.
+        met.append(str(exc))
+        await asyncio.to_thread(cluster.finish_migration, slot)
+        await heal(client, exc)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module, "heal", finishing_the_move)
+    with RedisTokenStore.from_url(
+        f"redis+cluster://127.0.0.1:{cluster.ports[0]}", timeout=SLOW_MACHINE
+    ) as store:
+        keys = store._keys_of(identity)
+        slot = cluster.slot_of(keys.lock)
+        source = cluster.slot_owner(slot)
+        target = next(port for port in cluster.ports if port != source)
+        assert await store.lock(identity, "owner-1", 30.0) is None
+        await store.unlock(identity, "owner-0", "a failure of another owner")  # the failed key
+        cluster.begin_migration(slot, target, move=[keys.failed])
+        await store.unlock(identity, "owner-1")  # moved and unmoved keys: TRYAGAIN
+        assert await store.lock(identity, "owner-2", 30.0) is None, "the lock was released"
+    assert met == ["TTL exhausted."]
+    assert cluster.slot_owner(slot) == target
