@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     )
     from ._events import AuthEvent, EventHook, EventName
     from ._oauth2 import ClientAuthMethod, RetryPolicy
-    from ._store import StoredToken, TokenIdentity, TokenStore
+    from ._stores.protocol import StoredToken, TokenIdentity, TokenStore
     from ._token import AccessToken, Clock
     from .transports import (
         AIOHTTPTransportOptions,
@@ -48,9 +48,9 @@ _HOMES: dict[str, str] = {
     "OAuth2Options": "transports",
     "OAuth2Transport": "transports",
     "RetryPolicy": "_oauth2",
-    "StoredToken": "_store",
-    "TokenIdentity": "_store",
-    "TokenStore": "_store",
+    "StoredToken": "_stores.protocol",
+    "TokenIdentity": "_stores.protocol",
+    "TokenStore": "_stores.protocol",
     "TokenRequestError": "_errors",
     "TokenSessionArgs": "_aiohttp_token_session",
     "UnauthenticatedError": "_errors",

@@ -16,7 +16,7 @@ from yarl import URL
 from ._aiohttp_token_session import TokenSessionArgs
 from ._events import EventHook
 from ._oauth2 import ClientAuthMethod, RetryPolicy
-from ._store import TokenStore
+from ._stores.protocol import TokenStore
 from ._token import Clock
 
 

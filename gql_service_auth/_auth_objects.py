@@ -47,7 +47,7 @@ from ._oauth2 import ClientAuthMethod, RetryPolicy, checked_token_params
 from ._redact import forgets_on_error
 from ._settings import check_renewal_settings, joined_scope, store_from_env, token_manager
 from ._sharing import api_endpoint
-from ._store import TokenStore
+from ._stores.protocol import TokenStore
 from ._token import AccessToken, Clock
 from ._tokens import TokenManager
 

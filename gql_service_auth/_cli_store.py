@@ -27,7 +27,7 @@ from typing import Any
 
 from ._constants import ENV_TOKEN_STORE_URL
 from ._settings import store_from_env
-from ._store import StoredToken, StoreFault, StoreTimeout, TokenIdentity, TokenStore
+from ._stores.protocol import StoredToken, StoreFault, StoreTimeout, TokenIdentity, TokenStore
 
 
 @dataclass

@@ -39,9 +39,9 @@ from ._oauth2 import (
     checked_token_params,
 )
 from ._sharing import SHARED, Same, SharingKey, api_endpoint
-from ._store import TokenIdentity, TokenStore
+from ._stores.level import ENDPOINT, SharedLevel, TokenSource
+from ._stores.protocol import TokenIdentity, TokenStore
 from ._token import Clock
-from ._token_source import ENDPOINT, SharedLevel, TokenSource
 from ._tokens import TokenManager
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ a :class:`SharingKey`. Identity providers bill and throttle token requests; a pr
 that asks for a token per call runs into their quotas.
 
 What makes two token requests the same is everything that changes the request or where
-it goes: the credentials and token parameters (a :class:`~._store.TokenIdentity`, the
+it goes: the credentials and token parameters (a :class:`~._stores.protocol.TokenIdentity`, the
 secret included, so that a different secret never gets another's token), the HTTP
 settings of the request (TLS verification, proxy, connector), the retry policy, the
 renewal settings, the clock, and the shared store under it. What belongs to each
@@ -57,7 +57,7 @@ from . import _fork
 from ._constants import SHARED_PAUSES_KEPT, SHARED_TOKENS_KEPT
 from ._ledger import Pause
 from ._oauth2 import RetryPolicy
-from ._store import TokenIdentity
+from ._stores.protocol import TokenIdentity
 from ._tokens import TokenManager
 
 _DIGEST_KEY = secrets.token_bytes(32)

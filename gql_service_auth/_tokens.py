@@ -47,9 +47,9 @@ from ._flight import (
 from ._ledger import Pause, Refusals, RenewalFailures, RenewalPaused, RenewalSpent
 from ._provenance import Origin
 from ._redact import clear_locals
+from ._stores.level import ENDPOINT, TokenSource
 from ._telemetry import fetch_span
 from ._token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token, waits_on
-from ._token_source import ENDPOINT, TokenSource
 
 _Slept = TypeVar("_Slept")
 
@@ -92,7 +92,7 @@ class TokenManager:
         emit: Receives the life-cycle events; called on the fetch's thread for fetch
             events.
         source: Where tokens come from, given ``fetch``: the token endpoint (the default),
-            or a store shared with other processes in front of it (see ``_token_source.py``).
+            or a store shared with other processes in front of it (see ``_stores/level.py``).
         server: Host and port of the token endpoint, for the fetch's span.
     """
 

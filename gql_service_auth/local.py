@@ -54,7 +54,7 @@ shared through a file, which a network file system does not share either.
 from __future__ import annotations
 
 try:
-    from ._sealed import Hidden, Sealer  # cryptography
+    from ._stores.sealed import Hidden, Sealer  # cryptography
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
     raise ImportError(
         "gql_service_auth.local needs the local extra: pip install 'gql-service-auth[local]'"
@@ -72,11 +72,11 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from . import _fork
-from . import _local_db as db
 from ._constants import STORE_CONNECT_TIMEOUT, STORE_COOLDOWN, STORE_TIMEOUT
 from ._errors import ConfigurationError
 from ._loop_thread import LoopClosed, LoopThread
-from ._store import (
+from ._stores import local_db as db
+from ._stores.protocol import (
     Remembered,
     StoredToken,
     StoreOnItsThread,

@@ -50,7 +50,7 @@ from ._http_auth import api_key_call, check_proxy, oauth2_call
 from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import forgets_on_error
 from ._stack_transports import ApiKeyTransportParts, OAuth2TransportParts
-from ._store import TokenStore
+from ._stores.protocol import TokenStore
 from ._token import Clock
 
 if TYPE_CHECKING:

@@ -64,7 +64,7 @@ from ._oauth2 import ClientAuthMethod, RetryPolicy
 from ._redact import clear_locals, forgets_on_error
 from ._refusal import RequestFacts, is_refusal
 from ._settings import api_key_env, check_renewal_settings, joined_scope, oauth2_env, token_manager
-from ._store import TokenStore
+from ._stores.protocol import TokenStore
 from ._token import AccessToken, Clock
 
 if TYPE_CHECKING:

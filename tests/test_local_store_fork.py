@@ -21,7 +21,7 @@ import pytest
 from support import blocking_execute, in_child, with_store
 
 from gql_service_auth import AuthEvent, StoredToken, TokenIdentity
-from gql_service_auth._local_db import FORK_WAIT
+from gql_service_auth._stores.local_db import FORK_WAIT
 from gql_service_auth.emulator import Emulator
 from gql_service_auth.local import LocalTokenStore
 

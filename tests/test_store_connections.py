@@ -38,7 +38,7 @@ from gql_service_auth import (
     RetryPolicy,
     StoredToken,
 )
-from gql_service_auth._local_db import DATABASE
+from gql_service_auth._stores.local_db import DATABASE
 from gql_service_auth.cli import main
 from gql_service_auth.emulator import Emulator
 from gql_service_auth.local import LocalTokenStore
@@ -225,7 +225,7 @@ async def test_an_acl_without_a_command_says_which_acl_the_store_needs(
 
 
 def test_the_docs_acl_line_is_the_one_the_warning_gives() -> None:
-    from gql_service_auth._redis_faults import ACL_COMMANDS
+    from gql_service_auth._stores.redis_faults import ACL_COMMANDS
 
     page = Path(__file__).parents[1].joinpath("docs", "tokens.md").read_text()
     line = re.search(r"^ACL SETUSER gql-service-auth .*$", page, re.MULTILINE)

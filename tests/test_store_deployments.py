@@ -42,7 +42,7 @@ from support import (
 )
 
 from gql_service_auth import AuthEvent
-from gql_service_auth._redis_faults import ACL_CLUSTER_COMMANDS, ACL_COMMANDS
+from gql_service_auth._stores.redis_faults import ACL_CLUSTER_COMMANDS, ACL_COMMANDS
 from gql_service_auth.cli import main
 from gql_service_auth.emulator import ClientRecord, Emulator
 from gql_service_auth.redis import RedisTokenStore

@@ -1,7 +1,7 @@
 """Where a token manager's tokens come from: the token endpoint, or a store in front of it.
 
 The manager asks a :class:`TokenSource` for each token it needs, the same way whether a
-shared store (:mod:`gql_service_auth._store`) is in use or not: :data:`ENDPOINT` asks the
+shared store (:mod:`gql_service_auth._stores.protocol`) is in use or not: :data:`ENDPOINT` asks the
 token endpoint, and :class:`SharedLevel` consults the store first.
 
 The two levels. Each process keeps its token in memory, and the per-request path reads
@@ -42,19 +42,19 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from . import _fork
-from ._constants import (
+from .. import _fork
+from .._constants import (
     MAX_SERVER_TEXT,
     STORE_LOCK_TTL,
     STORE_POLL_MAX,
     STORE_POLL_MIN,
 )
-from ._errors import TokenRequestError
-from ._events import AuthEvent
-from ._provenance import Origin, Refusal
-from ._redact import redact_text
-from ._store import StoredToken, StoreFault, StoreTimeout, TokenIdentity, TokenStore
-from ._token import TokenFetcher, TokenResponse, expiry_guard, renewal_margin
+from .._errors import TokenRequestError
+from .._events import AuthEvent
+from .._provenance import Origin, Refusal
+from .._redact import redact_text
+from .._token import TokenFetcher, TokenResponse, expiry_guard, renewal_margin
+from .protocol import StoredToken, StoreFault, StoreTimeout, TokenIdentity, TokenStore
 
 _T = TypeVar("_T")
 

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ._store import TokenIdentity
+from .protocol import TokenIdentity
 
 # Salt and labels of the HKDF derivations: a change of scheme changes them, and with them
 # every Redis key name, so existing stores keep working only while they stay as they are.

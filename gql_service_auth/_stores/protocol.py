@@ -5,7 +5,7 @@ identity providers count every token request against a quota (Auth0), cap each c
 share of the token rate limit (Okta), or answer 429 when tokens are not cached (Entra
 ID). :class:`TokenStore` is the protocol a shared store implements; the Redis one is in
 :mod:`gql_service_auth.redis`, and how a token manager uses one is in
-:mod:`gql_service_auth._token_source`. Nothing here knows Redis or gql.
+:mod:`gql_service_auth._stores.level`. Nothing here knows Redis or gql.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from . import _fork
-from ._constants import STORE_IDENTITIES_KEPT
-from ._errors import ConfigurationError
-from ._loop_thread import LoopThread
+from .. import _fork
+from .._constants import STORE_IDENTITIES_KEPT
+from .._errors import ConfigurationError
+from .._loop_thread import LoopThread
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")

@@ -7,8 +7,8 @@ names are Redis's own. Imported by ``gql_service_auth.redis`` only, which checks
 
 from __future__ import annotations
 
-from ._sealed import Sealer, hkdf
-from ._store import TokenIdentity
+from .protocol import TokenIdentity
+from .sealed import Sealer, hkdf
 
 __all__ = ["Keys", "hkdf"]
 

@@ -16,7 +16,7 @@ import asyncio
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
-from ._redis_clients import Client
+from .redis_clients import Client
 
 ACL_COMMANDS = (
     "+select +set +evalsha +eval +script|load +time +hget +hmget +hset +pttl +pexpire +get +del"

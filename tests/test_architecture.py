@@ -1,0 +1,156 @@
+"""The package's shape, as docs/architecture.md states it: no import cycles, and the modules
+it lists as the core and as the stores import no HTTP stack and no gql transport.
+
+The second is checked by importing each of them in a fresh interpreter where aiohttp,
+httpx, requests and gql's HTTP transports cannot be imported: an import through any path
+(not only a direct one) fails there. The modules are read from the page's tables, so the
+page and the code cannot drift apart unnoticed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "gql_service_auth"
+PAGE = ROOT / "docs" / "architecture.md"
+
+STACKS = (
+    "aiohttp",
+    "httpx",
+    "requests",
+    "gql.transport.aiohttp",
+    "gql.transport.httpx",
+    "gql.transport.requests",
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The package's modules that ``path`` imports, anywhere in it (functions included)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {each for each in found if each.startswith("gql_service_auth")}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {name: _imports(path) & modules.keys() - {name} for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_the_package_has_no_import_cycles() -> None:
+    # A module importing its own package (its __init__, which may import it back, lazily
+    # or not) is no cycle of meaning.
+    graph = {
+        name: {t for t in targets if not name.startswith(t + ".")}
+        for name, targets in _graph().items()
+    }
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    """The check above can fail: a graph with a loop has one component."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _listed(section: str) -> list[str]:
+    """The modules the first column of a section's table names, as import paths."""
+    text = PAGE.read_text(encoding="utf-8")
+    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    names = []
+    for row in re.findall(r"^\| (.+?) \|", body, re.MULTILINE):
+        for file in re.findall(r"`([\w/]+)\.py`", row):
+            names.append("gql_service_auth." + file.replace("/", "."))
+    return names
+
+
+def test_the_core_and_the_stores_import_no_http_stack() -> None:
+    modules = _listed("The core") + _listed("The stores")
+    assert "gql_service_auth._tokens" in modules  # the page's tables were read
+    assert "gql_service_auth._stores.level" in modules
+    program = f"""
+import importlib, sys
+for name in {STACKS!r}:
+    sys.modules[name] = None  # import of it raises ImportError
+failed = []
+for module in {modules!r}:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        failed.append(f"{{module}}: {{exc}}")
+print("\\n".join(failed))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
+
+
+def test_an_adapter_does_import_its_stack_where_the_check_blocks_it() -> None:
+    """The blocking the check above relies on works: the aiohttp transports cannot be
+    imported with aiohttp blocked."""
+    program = (
+        "import sys; sys.modules['aiohttp'] = None\n"
+        "try:\n    import gql_service_auth.transports\nexcept ImportError:\n    print('blocked')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.stdout.strip() == "blocked", done.stdout + done.stderr
