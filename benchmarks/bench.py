@@ -401,7 +401,7 @@ async def layer_cost(sizes: Sizes) -> dict[str, float]:
     # A cached token, as after the first request.
     oauth2_transport = transports["oauth2"]
     assert isinstance(oauth2_transport, OAuth2Transport)
-    from gql_service_auth._token import TokenResponse
+    from gql_service_auth._core.token import TokenResponse
 
     async def canned_token() -> TokenResponse:
         return TokenResponse("lean-1", expires_in=3600)

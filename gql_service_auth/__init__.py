@@ -4,7 +4,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._aiohttp_token_session import TokenSessionArgs
-    from ._errors import (
+    from ._core.errors import (
         ApiKeyRejectedError,
         ApiKeyRejectedHTTPError,
         ConfigurationError,
@@ -13,10 +13,10 @@ if TYPE_CHECKING:
         UnauthenticatedError,
         UnauthenticatedHTTPError,
     )
-    from ._events import AuthEvent, EventHook, EventName
-    from ._oauth2 import ClientAuthMethod, RetryPolicy
+    from ._core.events import AuthEvent, EventHook, EventName
+    from ._core.oauth2 import ClientAuthMethod, RetryPolicy
+    from ._core.token import AccessToken, Clock
     from ._stores.protocol import StoredToken, TokenIdentity, TokenStore
-    from ._token import AccessToken, Clock
     from .transports import (
         AIOHTTPTransportOptions,
         ApiKeyOptions,
@@ -33,28 +33,28 @@ if TYPE_CHECKING:
 # use imports them all, so that the module then looks as if imported eagerly.
 _HOMES: dict[str, str] = {
     "AIOHTTPTransportOptions": "transports",
-    "AccessToken": "_token",
+    "AccessToken": "_core.token",
     "ApiKeyOptions": "transports",
-    "ApiKeyRejectedError": "_errors",
-    "ApiKeyRejectedHTTPError": "_errors",
+    "ApiKeyRejectedError": "_core.errors",
+    "ApiKeyRejectedHTTPError": "_core.errors",
     "ApiKeyTransport": "transports",
-    "AuthEvent": "_events",
-    "ClientAuthMethod": "_oauth2",
-    "Clock": "_token",
-    "ConfigurationError": "_errors",
-    "EventHook": "_events",
-    "EventName": "_events",
-    "GqlServiceAuthError": "_errors",
+    "AuthEvent": "_core.events",
+    "ClientAuthMethod": "_core.oauth2",
+    "Clock": "_core.token",
+    "ConfigurationError": "_core.errors",
+    "EventHook": "_core.events",
+    "EventName": "_core.events",
+    "GqlServiceAuthError": "_core.errors",
     "OAuth2Options": "transports",
     "OAuth2Transport": "transports",
-    "RetryPolicy": "_oauth2",
+    "RetryPolicy": "_core.oauth2",
     "StoredToken": "_stores.protocol",
     "TokenIdentity": "_stores.protocol",
     "TokenStore": "_stores.protocol",
-    "TokenRequestError": "_errors",
+    "TokenRequestError": "_core.errors",
     "TokenSessionArgs": "_aiohttp_token_session",
-    "UnauthenticatedError": "_errors",
-    "UnauthenticatedHTTPError": "_errors",
+    "UnauthenticatedError": "_core.errors",
+    "UnauthenticatedHTTPError": "_core.errors",
 }
 
 

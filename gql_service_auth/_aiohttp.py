@@ -23,12 +23,10 @@ from gql.transport.file_upload import FileVar, close_files
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from . import (
-    _aiohttp_redact,  # noqa: F401 - registers how aiohttp errors are scrubbed
-    _fork,
-)
-from ._config import check_url
-from ._errors import ConfigurationError
+from . import _aiohttp_redact  # noqa: F401 - registers how aiohttp errors are scrubbed
+from ._core import fork as _fork
+from ._core.config import check_url
+from ._core.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from aiohttp.client import _RequestContextManager
@@ -225,7 +223,7 @@ class AuthenticatingTransport(AIOHTTPTransport):
         The fast path of a request sends with gql's own steps (``_prepare_request``,
         ``session.post``, ``_prepare_result``, :func:`transport_error`,
         :meth:`_close_upload`) rather than by awaiting gql's ``execute``, and keeps the
-        boundary of :func:`~gql_service_auth._redact.forgets_on_error` in its own body:
+        boundary of :func:`~gql_service_auth._core.redact.forgets_on_error` in its own body:
         every coroutine a request goes through is resumed at each of the request's waits,
         and each of those two layers cost about 1 µs of CPU per request in figure 1 of
         ``make bench``. gql's own suite runs against these classes. The header and the

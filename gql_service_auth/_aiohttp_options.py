@@ -14,10 +14,10 @@ from aiohttp.typedefs import LooseCookies, LooseHeaders
 from yarl import URL
 
 from ._aiohttp_token_session import TokenSessionArgs
-from ._events import EventHook
-from ._oauth2 import ClientAuthMethod, RetryPolicy
+from ._core.events import EventHook
+from ._core.oauth2 import ClientAuthMethod, RetryPolicy
+from ._core.token import Clock
 from ._stores.protocol import TokenStore
-from ._token import Clock
 
 
 class AIOHTTPTransportOptions(TypedDict, total=False):

@@ -1,7 +1,7 @@
 """Scrubbing aiohttp's records of an exchange out of exception chains: the ``RequestInfo``
 of a ``ClientResponseError``, and the responses of the redirects before it.
 
-Registered with :mod:`gql_service_auth._redact` on import, by every module that sends
+Registered with :mod:`gql_service_auth._core.redact` on import, by every module that sends
 with aiohttp (the transports and the token request's session).
 """
 
@@ -14,7 +14,7 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from ._redact import REDACTED, SENSITIVE_HEADERS, register
+from ._core.redact import REDACTED, SENSITIVE_HEADERS, register
 
 
 def _redacted_info(info: RequestInfo) -> RequestInfo:

@@ -1,7 +1,7 @@
 """The token request's own aiohttp session: what it accepts, inherits, and where it goes.
 
 Each token fetch runs on a short-lived thread with an event loop of its own (see
-:mod:`gql_service_auth._tokens`) and opens a session for that fetch alone. So nothing
+:mod:`gql_service_auth._core.tokens`) and opens a session for that fetch alone. So nothing
 bound to an event loop can be handed over: a connector is asked for as a factory, called
 on the fetch's loop. And the request carries the client credentials and nothing else:
 keys that would add credentials of their own, or change what the request means, are
@@ -32,12 +32,12 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from . import _aiohttp_redact  # noqa: F401 - registers how aiohttp errors are scrubbed
-from ._config import is_loopback
-from ._constants import MAX_TOKEN_RESPONSE_BYTES
-from ._errors import ConfigurationError, TokenRequestError
-from ._oauth2 import FormAnswer, secrets_sent
-from ._redact import redact_chain, redact_text
-from ._sharing import Same
+from ._core.config import is_loopback
+from ._core.constants import MAX_TOKEN_RESPONSE_BYTES
+from ._core.errors import ConfigurationError, TokenRequestError
+from ._core.oauth2 import FormAnswer, secrets_sent
+from ._core.redact import redact_chain, redact_text
+from ._core.sharing import Same
 
 
 class TokenSessionArgs(TypedDict, total=False):
@@ -68,7 +68,7 @@ class TokenSessionArgs(TypedDict, total=False):
     max_field_size: int
 
 
-# Shown where users import it from, as the errors are (see _errors.py).
+# Shown where users import it from, as the errors are (see _core/errors.py).
 TokenSessionArgs.__module__ = "gql_service_auth"
 ACCEPTED_KEYS: Final = frozenset(TokenSessionArgs.__annotations__)
 """The keys of ``token_session_args``; any other is refused."""

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from yarl import URL
 
-from . import _fork
 from ._aiohttp_token_session import (
     AiohttpFormPoster,
     TokenSessionArgs,
     resolve_token_session,
     ssl_of_verify,
 )
-from ._config import check_url, endpoint_or_env, given_or_env
-from ._constants import (
+from ._core import fork as _fork
+from ._core.config import check_url, endpoint_or_env, given_or_env
+from ._core.constants import (
     DEFAULT_EXPIRES_IN,
     DEFAULT_MAX_RENEWALS,
     DEFAULT_REFRESH_MARGIN,
@@ -39,17 +39,17 @@ from ._constants import (
     GRAPHQL_PATH,
     TOKEN_PATH,
 )
-from ._credentials import ClientCredentials
-from ._errors import ConfigurationError
-from ._events import Emitter, EventHook
+from ._core.credentials import ClientCredentials
+from ._core.errors import ConfigurationError
+from ._core.events import Emitter, EventHook
+from ._core.oauth2 import ClientAuthMethod, RetryPolicy, checked_token_params
+from ._core.redact import forgets_on_error
+from ._core.settings import check_renewal_settings, joined_scope, store_from_env, token_manager
+from ._core.sharing import api_endpoint
+from ._core.token import AccessToken, Clock
+from ._core.tokens import TokenManager
 from ._http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules, ServiceOrigin
-from ._oauth2 import ClientAuthMethod, RetryPolicy, checked_token_params
-from ._redact import forgets_on_error
-from ._settings import check_renewal_settings, joined_scope, store_from_env, token_manager
-from ._sharing import api_endpoint
 from ._stores.protocol import TokenStore
-from ._token import AccessToken, Clock
-from ._tokens import TokenManager
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):
@@ -86,7 +86,7 @@ def service_origin(
 
     Raises:
         ConfigurationError: no ``url`` and no ``sign_any_origin``; both; or a ``url``
-            that credentials may not go to (see :func:`~gql_service_auth._config.check_url`).
+            that credentials may not go to (see :func:`~gql_service_auth._core.config.check_url`).
     """
     if sign_any_origin:
         if url is not None:
@@ -211,9 +211,9 @@ class _PerApi:
     """A standalone auth object's rules for each API (origin) it signs requests to.
 
     Each origin's token is shared with the auth objects of the same settings for that
-    origin (see ``_sharing.py``), so what one API refuses never drops or pauses the token
+    origin (see ``_core/sharing.py``), so what one API refuses never drops or pauses the token
     of another. The latest :data:`_APIS_KEPT` origins are kept (the process keeps more,
-    see ``_sharing.py``); a copy or an unpickled one starts with none.
+    see ``_core/sharing.py``); a copy or an unpickled one starts with none.
     """
 
     def __init__(self, settings: OAuth2Settings) -> None:

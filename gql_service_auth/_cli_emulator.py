@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 
-from ._constants import ENV_CLIENT_ID, ENV_CLIENT_SECRET
+from ._core.constants import ENV_CLIENT_ID, ENV_CLIENT_SECRET
 from .emulator import ClientRecord, Emulator
 from .emulator._server import COUNTERS_PATH
 

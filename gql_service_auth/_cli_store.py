@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._constants import ENV_TOKEN_STORE_URL
-from ._settings import store_from_env
+from ._core.constants import ENV_TOKEN_STORE_URL
+from ._core.settings import store_from_env
 from ._stores.protocol import StoredToken, StoreFault, StoreTimeout, TokenIdentity, TokenStore
 
 

@@ -9,8 +9,8 @@ from typing import TextIO
 from gql import Client, gql
 from gql.client import AsyncClientSession
 
-from ._errors import ApiKeyRejectedError
-from ._events import AuthEvent
+from ._core.errors import ApiKeyRejectedError
+from ._core.events import AuthEvent
 from .emulator import Emulator
 from .transports import ApiKeyTransport, OAuth2Transport
 

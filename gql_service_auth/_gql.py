@@ -1,7 +1,7 @@
 """Glue every gql transport shares, whatever its HTTP stack.
 
 gql's requests are read off once (gql 3 style calls rewrite a shared request in place),
-its answers read into the decision core's :class:`~gql_service_auth._refusal.Answer`,
+its answers read into the decision core's :class:`~gql_service_auth._core.refusal.Answer`,
 its HTTP 401 errors kept as gql raised them, and the core's outcomes turned into the
 package's errors, scrubbed of every secret.
 """
@@ -21,17 +21,17 @@ from gql.transport.exceptions import (
 )
 from graphql import DocumentNode, ExecutionResult, OperationDefinitionNode
 
-from ._errors import (
+from ._core.errors import (
     ApiKeyRejectedError,
     ApiKeyRejectedHTTPError,
     GqlServiceAuthError,
     UnauthenticatedError,
     UnauthenticatedHTTPError,
 )
-from ._flow import Accepted, Outcome, Paused, Refused, Sent
-from ._ledger import RenewalPaused
-from ._redact import clear_locals, redact_chain, redact_text
-from ._refusal import (
+from ._core.flow import Accepted, Outcome, Paused, Refused, Sent
+from ._core.ledger import RenewalPaused
+from ._core.redact import clear_locals, redact_chain, redact_text
+from ._core.refusal import (
     BARE_401,
     SUBSCRIPTION,
     Answer,
@@ -42,8 +42,8 @@ from ._refusal import (
     paused_message,
     refusal_message,
 )
-from ._token import AccessToken
-from ._tokens import TokenManager
+from ._core.token import AccessToken
+from ._core.tokens import TokenManager
 
 _T = TypeVar("_T")
 
@@ -146,7 +146,7 @@ def bare_401(exc: TransportError, secrets: Sequence[str]) -> Bare401:
 
     Call it from the ``except`` block. Whatever is raised keeps the stack's record of the
     request in its chain, and what the server echoed, so the chain is first rid of the
-    credential headers and of ``secrets`` (see :mod:`gql_service_auth._redact`).
+    credential headers and of ``secrets`` (see :mod:`gql_service_auth._core.redact`).
     """
     redact_chain(exc, secrets)
     clear_locals(exc)  # gql's post_args and the stack's headers hold the credential
@@ -159,7 +159,7 @@ def sent(
     raw: ExecutionResult | Bare401, *, redirected: bool = False
 ) -> Sent[ExecutionResult | Bare401]:
     """A single request's answer, read for the decision; ``redirected``: it came back
-    through a redirect (see :mod:`gql_service_auth._refusal`, rule 5)."""
+    through a redirect (see :mod:`gql_service_auth._core.refusal`, rule 5)."""
     if isinstance(raw, Bare401):
         return Sent(_through(BARE_401, redirected), raw, kept=raw)
     return Sent(_through(Answer.of_results(((raw.errors, raw.data),)), redirected), raw)

@@ -2,8 +2,8 @@
 
 An auth object (requests' ``AuthBase``, ``httpx.Auth``) sees raw HTTP: a request's URL,
 headers and body, and a response's status, content type and body. Here those are read
-into what the decision core takes (:class:`~gql_service_auth._refusal.Answer`,
-:class:`~gql_service_auth._refusal.RequestFacts`), the credentials' rules are kept
+into what the decision core takes (:class:`~gql_service_auth._core.refusal.Answer`,
+:class:`~gql_service_auth._core.refusal.RequestFacts`), the credentials' rules are kept
 (:class:`ApiKeyRules`, :class:`OAuth2Rules`), and a refused outcome is handed to the
 gql transport that made the request (:func:`exchange`), which raises the package's own
 error with gql's bases: the auth object itself only returns responses, as plain clients
@@ -26,12 +26,15 @@ from urllib.parse import urlsplit
 from gql.transport.exceptions import TransportError
 from graphql import GraphQLError, parse
 
-from ._config import is_loopback
-from ._constants import UNAUTHENTICATED
-from ._credentials import ClientCredentials
-from ._errors import ConfigurationError
-from ._events import Emitter
-from ._flow import Refused
+from ._core.config import is_loopback
+from ._core.constants import UNAUTHENTICATED
+from ._core.credentials import ClientCredentials
+from ._core.errors import ConfigurationError
+from ._core.events import Emitter
+from ._core.flow import Refused
+from ._core.refusal import BARE_401, Answer, RequestFacts
+from ._core.token import AccessToken
+from ._core.tokens import TokenManager
 from ._gql import (
     api_key_answer,
     api_key_failure,
@@ -39,9 +42,6 @@ from ._gql import (
     oauth2_failure,
     runs_query,
 )
-from ._refusal import BARE_401, Answer, RequestFacts
-from ._token import AccessToken
-from ._tokens import TokenManager
 
 _T = TypeVar("_T")
 
@@ -67,7 +67,7 @@ def answer_of(status: int, body: bytes | None) -> Answer | None:
     ``body`` is ``None`` when it was not read (not JSON). A body without the word
     ``UNAUTHENTICATED`` refuses nothing and is not parsed: most answers are not refusals.
     A redirect refuses nothing, whatever its body says: the server answered the request
-    with it, so it ran (rule 5 of :mod:`gql_service_auth._refusal`).
+    with it, so it ran (rule 5 of :mod:`gql_service_auth._core.refusal`).
     """
     if 300 <= status < 400:
         return None

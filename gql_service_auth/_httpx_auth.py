@@ -27,8 +27,12 @@ import anyio
 import anyio.to_thread
 
 from ._auth_objects import ApiKeyAuthBase, OAuth2AuthBase
-from ._errors import GqlServiceAuthError
-from ._flow import NeedToken, Paused, Refused, Send, Sent, renewal_flow
+from ._core.errors import GqlServiceAuthError
+from ._core.flow import NeedToken, Paused, Refused, Send, Sent, renewal_flow
+from ._core.ledger import RenewalPaused, RenewalSpent
+from ._core.redact import REDACTED, SENSITIVE_HEADERS, register
+from ._core.refusal import RequestFacts
+from ._core.token import AccessToken
 from ._gql import first_token_blocking, paused_error
 from ._http_auth import (
     NOT_REFUSED,
@@ -39,10 +43,6 @@ from ._http_auth import (
     tell_refused,
     tell_sent,
 )
-from ._ledger import RenewalPaused, RenewalSpent
-from ._redact import REDACTED, SENSITIVE_HEADERS, register
-from ._refusal import RequestFacts
-from ._token import AccessToken
 
 _MODULES: list[Any] = []
 try:
@@ -211,7 +211,7 @@ def _refused(response: Response, request: Request, replayable: bool) -> tuple[Re
 
     After a redirect, httpx's answer is that of the request the redirect led to: the
     request sent was answered with the redirect, so it ran and never goes again (rule 5 of
-    :mod:`gql_service_auth._refusal`). The refused one is judged, and re-sent, alone.
+    :mod:`gql_service_auth._core.refusal`). The refused one is judged, and re-sent, alone.
     """
     refused = response.request
     if refused is request:

@@ -2,7 +2,7 @@
 
 ``OAuth2Auth`` signs a request in ``__call__`` and registers a response hook, the way
 requests' own ``HTTPDigestAuth`` answers a 401: the hook reads the answer, and when the
-decision core says so (see :mod:`gql_service_auth._flow`), renews the token and re-sends
+decision core says so (see :mod:`gql_service_auth._core.flow`), renews the token and re-sends
 a copy of the request through the same adapter. A body is sent again only when requests
 can rewind it (bytes, text, or a file whose position it recorded): gql's upload body, a
 ``MultipartEncoder``, cannot be, and a re-send would declare its full length and send
@@ -25,7 +25,10 @@ from requests.structures import CaseInsensitiveDict
 from requests.utils import rewind_body
 
 from ._auth_objects import ApiKeyAuthBase, OAuth2AuthBase
-from ._flow import Accepted, NeedToken, Refused, Sent, drive_sync, renewal_flow
+from ._core.flow import Accepted, NeedToken, Refused, Sent, drive_sync, renewal_flow
+from ._core.redact import REDACTED, SENSITIVE_HEADERS, register
+from ._core.refusal import Answer
+from ._core.token import AccessToken
 from ._gql import first_token_blocking
 from ._http_auth import (
     NOT_REFUSED,
@@ -37,9 +40,6 @@ from ._http_auth import (
     tell_refused,
     tell_sent,
 )
-from ._redact import REDACTED, SENSITIVE_HEADERS, register
-from ._refusal import Answer
-from ._token import AccessToken
 
 
 def _service_url(auth: ApiKeyAuthBase | OAuth2AuthBase, url: str | None) -> SplitResult | None:

@@ -31,8 +31,8 @@ from gql.transport.exceptions import TransportError, TransportServerError
 from ._cli_emulator import UsageError as _UsageError
 from ._cli_emulator import serve
 from ._cli_store import check_store, open_store, print_store_report
-from ._config import ends_with_path
-from ._constants import (
+from ._core.config import ends_with_path
+from ._core.constants import (
     DEFAULT_EXPIRES_IN,
     ENV_AUTH_URL,
     ENV_BASE_URL,
@@ -42,12 +42,12 @@ from ._constants import (
     GRAPHQL_PATH,
     LOGGER_NAME,
 )
-from ._errors import (
+from ._core.errors import (
     ConfigurationError,
     TokenRequestError,
     UnauthenticatedError,
 )
-from ._events import AuthEvent
+from ._core.events import AuthEvent
 from .transports import ApiKeyTransport, OAuth2Transport
 
 EXIT_OK: Final = 0

@@ -40,15 +40,18 @@ from yarl import URL
 
 from ._aiohttp_token_session import TokenSessionArgs
 from ._auth_objects import oauth2_settings
-from ._config import check_url
-from ._constants import (
+from ._core.config import check_url
+from ._core.constants import (
     DEFAULT_EXPIRES_IN,
     DEFAULT_MAX_RENEWALS,
     DEFAULT_REFRESH_MARGIN,
 )
-from ._errors import ConfigurationError
-from ._events import EventHook
-from ._fork import DropsClientInChild
+from ._core.errors import ConfigurationError
+from ._core.events import EventHook
+from ._core.fork import DropsClientInChild
+from ._core.oauth2 import ClientAuthMethod, RetryPolicy
+from ._core.redact import forgets_on_error
+from ._core.token import Clock
 from ._http_auth import (
     OAuth2Rules,
     api_key_call,
@@ -57,11 +60,8 @@ from ._http_auth import (
     oauth2_call,
     oauth2_call_async,
 )
-from ._oauth2 import ClientAuthMethod, RetryPolicy
-from ._redact import forgets_on_error
 from ._stack_transports import ApiKeyTransportParts, OAuth2TransportParts
 from ._stores.protocol import TokenStore
-from ._token import Clock
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):

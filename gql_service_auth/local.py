@@ -71,10 +71,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from . import _fork
-from ._constants import STORE_CONNECT_TIMEOUT, STORE_COOLDOWN, STORE_TIMEOUT
-from ._errors import ConfigurationError
-from ._loop_thread import LoopClosed, LoopThread
+from ._core import fork as _fork
+from ._core.constants import STORE_CONNECT_TIMEOUT, STORE_COOLDOWN, STORE_TIMEOUT
+from ._core.errors import ConfigurationError
+from ._core.loop_thread import LoopClosed, LoopThread
 from ._stores import local_db as db
 from ._stores.protocol import (
     Remembered,

@@ -72,7 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _service_tokens_isolated() -> None:
     """Forget the tokens shared in the process before each test (module docstring)."""
-    sharing = sys.modules.get("gql_service_auth._sharing")
+    sharing = sys.modules.get("gql_service_auth._core.sharing")
     if sharing is not None:  # never imported: no transport built, nothing to forget
         sharing.SHARED.clear()
 

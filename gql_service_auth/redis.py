@@ -47,10 +47,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import _fork
-from ._constants import STORE_CONNECT_TIMEOUT, STORE_COOLDOWN, STORE_TIMEOUT
-from ._errors import ConfigurationError
-from ._loop_thread import LoopClosed
+from ._core import fork as _fork
+from ._core.constants import STORE_CONNECT_TIMEOUT, STORE_COOLDOWN, STORE_TIMEOUT
+from ._core.errors import ConfigurationError
+from ._core.loop_thread import LoopClosed
 from ._stores import redis_scripts as scripts
 from ._stores.protocol import (
     Remembered,

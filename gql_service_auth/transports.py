@@ -1,8 +1,8 @@
 """gql transports that authenticate to the service: drop-in ``AIOHTTPTransport`` subclasses.
 
 The aiohttp adapter. What an answer means and whether a request goes again is decided by
-the core (:mod:`gql_service_auth._refusal`, :mod:`gql_service_auth._flow`); tokens are
-the business of :class:`~gql_service_auth._tokens.TokenManager`; the aiohttp plumbing
+the core (:mod:`gql_service_auth._core.refusal`, :mod:`gql_service_auth._core.flow`); tokens are
+the business of :class:`~gql_service_auth._core.tokens.TokenManager`; the aiohttp plumbing
 (sessions per loop, uploads per task) is in :mod:`gql_service_auth._aiohttp`. Here is
 what ties them to gql's ``AIOHTTPTransport``, and the fast path of a request.
 """
@@ -37,12 +37,23 @@ from ._aiohttp import (
 )
 from ._aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
 from ._aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
-from ._config import check_url
-from ._constants import DEFAULT_EXPIRES_IN, DEFAULT_MAX_RENEWALS, DEFAULT_REFRESH_MARGIN
-from ._credentials import ClientCredentials
-from ._errors import UnauthenticatedError
-from ._events import Emitter, EventHook
-from ._flow import NeedToken, Sent, drive_async, renewal_flow
+from ._core.config import check_url
+from ._core.constants import DEFAULT_EXPIRES_IN, DEFAULT_MAX_RENEWALS, DEFAULT_REFRESH_MARGIN
+from ._core.credentials import ClientCredentials
+from ._core.errors import UnauthenticatedError
+from ._core.events import Emitter, EventHook
+from ._core.flow import NeedToken, Sent, drive_async, renewal_flow
+from ._core.oauth2 import ClientAuthMethod, RetryPolicy
+from ._core.redact import clear_locals, forgets_on_error
+from ._core.refusal import RequestFacts, is_refusal
+from ._core.settings import (
+    api_key_env,
+    check_renewal_settings,
+    joined_scope,
+    oauth2_env,
+    token_manager,
+)
+from ._core.token import AccessToken, Clock
 from ._gql import (
     Bare401,
     Snapshot,
@@ -60,12 +71,7 @@ from ._gql import (
     snapshot,
     subscription_refused,
 )
-from ._oauth2 import ClientAuthMethod, RetryPolicy
-from ._redact import clear_locals, forgets_on_error
-from ._refusal import RequestFacts, is_refusal
-from ._settings import api_key_env, check_renewal_settings, joined_scope, oauth2_env, token_manager
 from ._stores.protocol import TokenStore
-from ._token import AccessToken, Clock
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):
@@ -552,7 +558,7 @@ class OAuth2Transport(AuthenticatingTransport):
         min_ttl: float,
         first: tuple[AccessToken, Sent[_T | Bare401]] | None,
     ) -> _T:
-        """The answer of the renew-and-resend flow (see :mod:`gql_service_auth._flow`)."""
+        """The answer of the renew-and-resend flow (see :mod:`gql_service_auth._core.flow`)."""
         flow = renewal_flow(
             facts,
             self._tokens,

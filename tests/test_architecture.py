@@ -122,7 +122,7 @@ def _listed(section: str) -> list[str]:
 
 def test_the_core_and_the_stores_import_no_http_stack() -> None:
     modules = _listed("The core") + _listed("The stores")
-    assert "gql_service_auth._tokens" in modules  # the page's tables were read
+    assert "gql_service_auth._core.tokens" in modules  # the page's tables were read
     assert "gql_service_auth._stores.level" in modules
     program = f"""
 import importlib, sys

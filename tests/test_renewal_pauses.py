@@ -38,7 +38,7 @@ from gql_service_auth import (
     TokenRequestError,
     UnauthenticatedError,
 )
-from gql_service_auth._constants import SHARED_PAUSES_KEPT
+from gql_service_auth._core.constants import SHARED_PAUSES_KEPT
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
 
 

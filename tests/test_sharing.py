@@ -39,7 +39,7 @@ from gql_service_auth import (
     TokenRequestError,
     UnauthenticatedError,
 )
-from gql_service_auth._sharing import SHARED
+from gql_service_auth._core.sharing import SHARED
 from gql_service_auth.emulator import Emulator, ManualClock
 from gql_service_auth.httpx import OAuth2Auth as OAuth2HTTPXAuth
 from gql_service_auth.httpx import OAuth2HTTPXAsyncTransport, OAuth2HTTPXTransport

@@ -45,7 +45,7 @@ from gql_service_auth import (
     UnauthenticatedError,
     UnauthenticatedHTTPError,
 )
-from gql_service_auth._sharing import SHARED
+from gql_service_auth._core.sharing import SHARED
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
 
 ANSWER = {"carriers": {"totalCount": 25}}

@@ -365,7 +365,7 @@ def test_a_failing_recorder_does_not_break_authentication(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from gql_service_auth import _telemetry
+    from gql_service_auth._core import telemetry as _telemetry
 
     instruments = _telemetry._get()
     assert instruments is not None
@@ -417,7 +417,7 @@ def test_a_provider_that_fails_at_set_up_turns_telemetry_off_not_authentication(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from gql_service_auth import _telemetry
+    from gql_service_auth._core import telemetry as _telemetry
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("no meter for you")
@@ -439,7 +439,7 @@ def test_an_api_without_histogram_advice_records_with_default_buckets(
     emulator: Emulator, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """opentelemetry-api before 1.23 has no explicit_bucket_boundaries_advisory."""
-    from gql_service_auth import _telemetry
+    from gql_service_auth._core import telemetry as _telemetry
 
     recorded: list[tuple[str, float]] = []
 

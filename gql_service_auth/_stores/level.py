@@ -42,18 +42,18 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from .. import _fork
-from .._constants import (
+from .._core import fork as _fork
+from .._core.constants import (
     MAX_SERVER_TEXT,
     STORE_LOCK_TTL,
     STORE_POLL_MAX,
     STORE_POLL_MIN,
 )
-from .._errors import TokenRequestError
-from .._events import AuthEvent
-from .._provenance import Origin, Refusal
-from .._redact import redact_text
-from .._token import TokenFetcher, TokenResponse, expiry_guard, renewal_margin
+from .._core.errors import TokenRequestError
+from .._core.events import AuthEvent
+from .._core.provenance import Origin, Refusal
+from .._core.redact import redact_text
+from .._core.token import TokenFetcher, TokenResponse, expiry_guard, renewal_margin
 from .protocol import StoredToken, StoreFault, StoreTimeout, TokenIdentity, TokenStore
 
 _T = TypeVar("_T")

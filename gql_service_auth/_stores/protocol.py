@@ -21,10 +21,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from .. import _fork
-from .._constants import STORE_IDENTITIES_KEPT
-from .._errors import ConfigurationError
-from .._loop_thread import LoopThread
+from .._core import fork as _fork
+from .._core.constants import STORE_IDENTITIES_KEPT
+from .._core.errors import ConfigurationError
+from .._core.loop_thread import LoopThread
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
@@ -228,25 +228,40 @@ async def call_on_thread(
         LoopClosed: the loop is closed.
     """
     turn = Turn()
-    outcome: asyncio.Future[Any] = asyncio.wrap_future(loop.submit(body(turn)))
+    submitted = loop.submit(body(turn))
+    outcome: asyncio.Future[Any] = asyncio.wrap_future(submitted)
+    outcome.add_done_callback(outcome_read)  # read from ``submitted``, whatever this copy holds
     ready: asyncio.Future[Any] = asyncio.wrap_future(turn.began)
     try:
-        done, _ = await asyncio.wait(
+        # Each bound is judged by the store's thread's own futures, not by their copies on
+        # this loop: a busy loop (a hundred callers, a loaded host) hears late of a call
+        # that was done in time, and a call that is done is never thrown away.
+        await asyncio.wait(
             {outcome, ready}, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED
         )
-        if not done:
+        if not submitted.done() and not turn.began.done():
             raise StoreTimeout(f"not connected within {connect_timeout:g} s (connect_timeout)")
-        if outcome not in done:
+        if not submitted.done():
             await asyncio.wait({outcome}, timeout=timeout)
-            if not outcome.done():
+            if not submitted.done():
                 raise StoreTimeout(f"no answer within {timeout:g} s")
-        result: _T = outcome.result()
+        if submitted.cancelled():  # by close(): as asyncio's own cancellation would be
+            raise asyncio.CancelledError
+        result: _T = submitted.result()
         return result
     finally:
         ready.cancel()
         if not outcome.done():
             turn.abandoned = True
             outcome.cancel()  # cancels the call on the store's loop too
+
+
+def outcome_read(future: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
+    """A done callback: the future's error counts as read (no "exception was never
+    retrieved" at collection), for a future whose outcome is read elsewhere or by nobody
+    (a set-up every caller gave up on, a background prepare())."""
+    if not future.cancelled():
+        future.exception()
 
 
 class Remembered(Generic[_V]):
@@ -325,8 +340,9 @@ class StoreOnItsThread(TokenStore):
     local): closing, context managers, and the settings a token manager reads.
 
     A subclass sets ``_timeout``, ``_connect_timeout``, ``_cooldown``, ``_location``,
-    ``_closed``, ``_running`` (whose ``loop`` is the :class:`~._loop_thread.LoopThread`)
-    and ``_finalizer`` (closes what lives on that loop and stops it, once).
+    ``_closed``, ``_running`` (whose ``loop`` is the
+    :class:`~gql_service_auth._core.loop_thread.LoopThread`) and ``_finalizer`` (closes what
+    lives on that loop and stops it, once).
     """
 
     _timeout: float
@@ -375,7 +391,7 @@ class StoreOnItsThread(TokenStore):
             return
         running = self._running  # not the store: nothing on its loop may refer to it
         with contextlib.suppress(RuntimeError):  # closed meanwhile (LoopClosed)
-            running.loop.submit(running.ready()).add_done_callback(_ignore_outcome)
+            running.loop.submit(running.ready()).add_done_callback(outcome_read)
 
     def close(self) -> None:
         """Close the store and stop its thread; the store is then unusable.
@@ -404,11 +420,6 @@ class StoreOnItsThread(TokenStore):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-def _ignore_outcome(future: concurrent.futures.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: a failed prepare() is the first call's to meet
 
 
 _S = TypeVar("_S")
@@ -453,6 +464,6 @@ class StoresByUrl(Generic[_S]):
         self._lock = threading.Lock()
 
 
-# Shown as gql_service_auth.X, where users import them from (see _errors.py).
+# Shown as gql_service_auth.X, where users import them from (see _core/errors.py).
 for _public in (TokenIdentity, StoredToken, TokenStore):
     _public.__module__ = "gql_service_auth"

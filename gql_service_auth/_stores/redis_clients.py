@@ -30,8 +30,8 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-from .._constants import REDIS_SCHEMES
-from .._errors import ConfigurationError
+from .._core.constants import REDIS_SCHEMES
+from .._core.errors import ConfigurationError
 
 Client = aioredis.Redis | RedisCluster
 

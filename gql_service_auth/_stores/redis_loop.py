@@ -16,10 +16,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from .._loop_thread import LoopThread
+from .._core.loop_thread import LoopThread
 from . import redis_clients as clients
 from . import redis_scripts as scripts
-from .protocol import StoreTimeout
+from .protocol import StoreTimeout, outcome_read
 
 _Client = clients.Client
 
@@ -83,7 +83,7 @@ class Running:
         task = self.setting_up
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             task = self.setting_up = asyncio.ensure_future(self._bounded_set_up(self.client))
-            task.add_done_callback(_retrieved)  # a set-up every caller gave up on
+            task.add_done_callback(outcome_read)  # a set-up every caller gave up on
         try:
             await asyncio.wait_for(asyncio.shield(task), self._connect_timeout)
         except asyncio.TimeoutError:
@@ -135,11 +135,6 @@ async def _eval_by_key(source: str, keys: list[str], args: list[Any], client: _C
     return await client.eval(source, len(keys), *keys, *args)
 
 
-def _retrieved(task: asyncio.Future[None]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
 async def connection_at_hand(client: _Client, span: float) -> None:
     """Take a connection from a single server's pool and give it back: one that needs
     opening (TCP, TLS, AUTH; a Sentinel asked where the primary is) opens now, before the
@@ -158,7 +153,7 @@ async def connection_at_hand(client: _Client, span: float) -> None:
         await pool.release(connection)
 
     task = asyncio.ensure_future(take_and_give_back())
-    task.add_done_callback(_retrieved)
+    task.add_done_callback(outcome_read)
     await asyncio.shield(task)
 
 

@@ -22,7 +22,7 @@ from aiohttp import BodyPartReader, web
 from graphql import ExecutionResult, graphql
 from multidict import CIMultiDict
 
-from .._constants import (
+from .._core.constants import (
     API_KEY_CUTOFF,
     API_KEY_SCHEME,
     BEARER_SCHEME,

@@ -1,4 +1,4 @@
-"""The refusal rules (gql_service_auth._refusal), fed answers by hand: no network, no loop."""
+"""The refusal rules (gql_service_auth._core.refusal), fed answers by hand: no network, no loop."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from gql_service_auth._refusal import (
+from gql_service_auth._core.refusal import (
     ACCEPT,
     BARE_401,
     REDIRECTED,

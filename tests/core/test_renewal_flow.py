@@ -1,4 +1,5 @@
-"""The renew-and-resend flow, driven by hand: no network, no event loop (gql_service_auth._flow).
+"""The renew-and-resend flow, driven by hand: no network, no event loop
+(gql_service_auth._core.flow).
 
 The asynchronous driver is run by a bare ``coroutine.send(None)`` loop, not by asyncio:
 it must await only what the adapter gives it (the next issue runs it under trio).
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from gql_service_auth import AuthEvent, TokenRequestError
-from gql_service_auth._flow import (
+from gql_service_auth._core.flow import (
     Accepted,
     NeedToken,
     Outcome,
@@ -24,14 +25,14 @@ from gql_service_auth._flow import (
     drive_sync,
     renewal_flow,
 )
-from gql_service_auth._ledger import RenewalPaused, RenewalSpent
-from gql_service_auth._refusal import (
+from gql_service_auth._core.ledger import RenewalPaused, RenewalSpent
+from gql_service_auth._core.refusal import (
     BARE_401,
     REFUSED_AGAIN_WHILE_RUNNING,
     Answer,
     RequestFacts,
 )
-from gql_service_auth._token import AccessToken, TokenResponse, access_token
+from gql_service_auth._core.token import AccessToken, TokenResponse, access_token
 
 OK = Sent(Answer.of_results([(None, {"x": 1})]), "ok")
 REFUSED = Sent(Answer.of_results([([{"extensions": {"code": "UNAUTHENTICATED"}}], None)]), "no")

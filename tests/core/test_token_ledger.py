@@ -1,11 +1,12 @@
-"""The token manager's ledger (gql_service_auth._ledger), fed by hand: no network, no thread."""
+"""The token manager's ledger (gql_service_auth._core.ledger), fed by hand: no network, no
+thread."""
 
 from __future__ import annotations
 
 import pytest
 
-from gql_service_auth._ledger import Refusals, RenewalFailures
-from gql_service_auth._token import AccessToken, TokenResponse, access_token
+from gql_service_auth._core.ledger import Refusals, RenewalFailures
+from gql_service_auth._core.token import AccessToken, TokenResponse, access_token
 
 
 def token(generation: int, *, lifetime: float = 100.0, started: float = 0.0) -> AccessToken:

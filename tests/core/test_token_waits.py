@@ -12,8 +12,8 @@ from unittest import mock
 import pytest
 
 from gql_service_auth import TokenRequestError
-from gql_service_auth._token import AccessToken, TokenResponse, waits_on
-from gql_service_auth._tokens import TokenManager
+from gql_service_auth._core.token import AccessToken, TokenResponse, waits_on
+from gql_service_auth._core.tokens import TokenManager
 from gql_service_auth.emulator import ManualClock
 
 

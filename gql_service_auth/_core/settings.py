@@ -1,7 +1,7 @@
 """An OAuth2 transport's settings, checked, and the token manager they make, for any stack.
 
 The adapter brings what is its own: how the token request is posted (a
-:class:`~gql_service_auth._oauth2.FormPoster`). Everything else is decided here once.
+:class:`~gql_service_auth._core.oauth2.FormPoster`). Everything else is decided here once.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
-from ._config import check_seconds, endpoint_or_env, given_or_env
-from ._constants import (
+from .._stores.level import ENDPOINT, SharedLevel, TokenSource
+from .._stores.protocol import TokenIdentity, TokenStore
+from .config import check_seconds, endpoint_or_env, given_or_env
+from .constants import (
     ENV_AUTH_URL,
     ENV_BASE_URL,
     ENV_CLIENT_ID,
@@ -28,21 +30,19 @@ from ._constants import (
     STORE_TIMEOUT,
     TOKEN_PATH,
 )
-from ._credentials import ClientCredentials
-from ._errors import ConfigurationError
-from ._events import Emitter, Subscribers
-from ._oauth2 import (
+from .credentials import ClientCredentials
+from .errors import ConfigurationError
+from .events import Emitter, Subscribers
+from .oauth2 import (
     ClientAuthMethod,
     ClientCredentialsGrant,
     FormPoster,
     RetryPolicy,
     checked_token_params,
 )
-from ._sharing import SHARED, Same, SharingKey, api_endpoint
-from ._stores.level import ENDPOINT, SharedLevel, TokenSource
-from ._stores.protocol import TokenIdentity, TokenStore
-from ._token import Clock
-from ._tokens import TokenManager
+from .sharing import SHARED, Same, SharingKey, api_endpoint
+from .token import Clock
+from .tokens import TokenManager
 
 if TYPE_CHECKING:
     from yarl import URL
@@ -82,11 +82,11 @@ def store_from_env(environ: Mapping[str, str]) -> TokenStore | None:
     connect_timeout = _seconds(environ, ENV_TOKEN_STORE_CONNECT_TIMEOUT, STORE_CONNECT_TIMEOUT)
     # Imported only here: each extra's module is the one place that needs its dependency.
     if url.startswith("file://"):
-        from .local import shared_store as local_store
+        from ..local import shared_store as local_store
 
         return local_store(url, timeout=timeout, connect_timeout=connect_timeout)
     if url.startswith(REDIS_SCHEMES):
-        from .redis import shared_store
+        from ..redis import shared_store
 
         return shared_store(url, timeout=timeout, connect_timeout=connect_timeout)
     raise ConfigurationError(
@@ -136,8 +136,8 @@ def token_manager(
     """The token manager of one transport: the grant, and the shared store under it.
 
     With ``share``, the process's manager for the same token requests to the API at
-    ``api_url`` (see :func:`~._sharing.api_endpoint`), if it has one (see
-    ``_sharing.py``); ``emit`` hears its events either way.
+    ``api_url`` (see :func:`~.sharing.api_endpoint`), if it has one (see
+    ``_core/sharing.py``); ``emit`` hears its events either way.
     """
     params = checked_token_params(token_params)
     identity = TokenIdentity.of(

@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
-from ._events import AuthEvent
-from ._ledger import RenewalPaused, RenewalSpent
-from ._refusal import (
+from .events import AuthEvent
+from .ledger import RenewalPaused, RenewalSpent
+from .refusal import (
     REFUSED_AGAIN_WHILE_RUNNING,
     Action,
     Answer,
@@ -35,7 +35,7 @@ from ._refusal import (
     TokenFate,
     judge,
 )
-from ._token import AccessToken
+from .token import AccessToken
 
 _R = TypeVar("_R")
 
@@ -70,7 +70,7 @@ class Sent(Generic[_R]):
     """An answer as the decision reads it, and as the stack gave it (``raw``).
 
     ``kept`` is what of a bare 401 may outlive the exchange: the token manager keeps it,
-    and what learns of its refusals after it (``_sharing.py``), for the errors of calls
+    and what learns of its refusals after it (``_core/sharing.py``), for the errors of calls
     that fail while renewals pause. Detached: no secret, no path back to a transport
     (aiohttp's scrubbed ``Bare401``); ``None`` where the stack's raw answer is a live
     response, which holds its request's headers and the hooks of the auth that sent it.

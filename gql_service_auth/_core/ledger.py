@@ -1,6 +1,6 @@
 """The token manager's ledger: what refusals said, and how renewals failed.
 
-No I/O, no thread and no lock of its own: :class:`~gql_service_auth._tokens.TokenManager`
+No I/O, no thread and no lock of its own: :class:`~gql_service_auth._core.tokens.TokenManager`
 owns one of each and calls them with its lock held (but for reads on the per-request
 path, where a stale value costs one locked call more). Each field is named for the
 question it answers.
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ._constants import RENEWAL_RETRY_MIN
-from ._provenance import Origin, Refusal, refusal_fingerprint
-from ._token import AccessToken
+from .constants import RENEWAL_RETRY_MIN
+from .provenance import Origin, Refusal, refusal_fingerprint
+from .token import AccessToken
 
 _RECENT = 4
 """Generations whose request times and origins are kept: those a refusal may name."""
@@ -48,7 +48,7 @@ class RenewalPaused(Exception):
 class Pause:
     """What refusals of fresh tokens taught a token manager, handed to the next manager of
     the same credentials when transports built per call leave none alive (see
-    ``_sharing.py``). No secret and no token: counts, times and a redacted answer.
+    ``_core/sharing.py``). No secret and no token: counts, times and a redacted answer.
 
     Attributes:
         refusals: Fresh tokens refused in a row before any answer accepted one.

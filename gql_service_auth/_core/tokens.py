@@ -30,11 +30,12 @@ import time
 from collections.abc import Callable, Generator, Hashable
 from typing import Any, Literal, SupportsIndex, TypeVar
 
-from . import _fork
-from ._constants import FETCH_GRACE, RENEWAL_RETRY_MIN
-from ._errors import TokenRequestError
-from ._events import AuthEvent, Emitter, Subscribers
-from ._flight import (
+from .._stores.level import ENDPOINT, TokenSource
+from . import fork as _fork
+from .constants import FETCH_GRACE, RENEWAL_RETRY_MIN
+from .errors import TokenRequestError
+from .events import AuthEvent, Emitter, Subscribers
+from .flight import (
     Flight,
     failure_event,
     fetch_failure,
@@ -44,12 +45,11 @@ from ._flight import (
     wait_async,
     wait_blocking,
 )
-from ._ledger import Pause, Refusals, RenewalFailures, RenewalPaused, RenewalSpent
-from ._provenance import Origin
-from ._redact import clear_locals
-from ._stores.level import ENDPOINT, TokenSource
-from ._telemetry import fetch_span
-from ._token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token, waits_on
+from .ledger import Pause, Refusals, RenewalFailures, RenewalPaused, RenewalSpent
+from .provenance import Origin
+from .redact import clear_locals
+from .telemetry import fetch_span
+from .token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token, waits_on
 
 _Slept = TypeVar("_Slept")
 
@@ -69,8 +69,8 @@ token read from a shared store turns out older than the refusal it was to answer
 class TokenManager:
     """Hands out a valid access token, fetching one only when needed, once for all callers.
 
-    One manager may serve many transports of a process (see ``_sharing.py``): given a
-    :class:`~._events.Subscribers` as ``emit``, it passes its events to each.
+    One manager may serve many transports of a process (see ``_core/sharing.py``): given a
+    :class:`~.events.Subscribers` as ``emit``, it passes its events to each.
 
     Args:
         fetch: Obtains a new token; called at most once at a time, whatever the number of
@@ -97,7 +97,7 @@ class TokenManager:
     """
 
     #: Set on a manager the transports of a process share: how a copy rejoins the one of
-    #: the process it lands in (a function and its key, see ``_sharing.py``).
+    #: the process it lands in (a function and its key, see ``_core/sharing.py``).
     shared_as: tuple[Callable[..., TokenManager], Hashable] | None = None
 
     def __init__(
@@ -177,7 +177,7 @@ class TokenManager:
 
     def pause_reader(self) -> Callable[[], Pause | None]:
         """Reads what refusals taught this manager, for the next one of its credentials
-        (see ``_sharing.py``): it holds the ledger, not the manager, so it reads it once
+        (see ``_core/sharing.py``): it holds the ledger, not the manager, so it reads it once
         the manager is gone."""
         return self._refusals.pause
 

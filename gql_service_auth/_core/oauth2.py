@@ -26,7 +26,7 @@ from tenacity import (
 )
 from yarl import URL
 
-from ._constants import (
+from .constants import (
     BEARER_SCHEME,
     DEFAULT_RETRY_ATTEMPTS,
     DEFAULT_RETRY_TIMEOUT,
@@ -36,10 +36,10 @@ from ._constants import (
     MAX_SERVER_TEXT,
     MAX_TOKEN_RESPONSE_BYTES,
 )
-from ._credentials import ClientCredentials
-from ._errors import ConfigurationError, TokenRequestError
-from ._events import AuthEvent
-from ._token import TokenResponse
+from .credentials import ClientCredentials
+from .errors import ConfigurationError, TokenRequestError
+from .events import AuthEvent
+from .token import TokenResponse
 
 ClientAuthMethod: TypeAlias = Literal["client_secret_post", "client_secret_basic"]
 """How the client authenticates at the token endpoint (RFC 6749 section 2.3.1 names).
@@ -111,7 +111,7 @@ class RetryPolicy:
         return float(pause) + random.uniform(0, self.wait_jitter)
 
 
-# Shown as gql_service_auth.RetryPolicy, where users import it from (see _errors.py).
+# Shown as gql_service_auth.RetryPolicy, where users import it from (see _core/errors.py).
 RetryPolicy.__module__ = "gql_service_auth"
 
 

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from . import _fork, _telemetry
-from ._constants import LOGGER_NAME
+from . import fork as _fork
+from . import telemetry as _telemetry
+from .constants import LOGGER_NAME
 
 EventName: TypeAlias = Literal[
     "token_fetched",
@@ -87,7 +88,7 @@ class AuthEvent:
     detail: str | None = None
 
 
-# Shown as gql_service_auth.AuthEvent, where users import it from (see _errors.py).
+# Shown as gql_service_auth.AuthEvent, where users import it from (see _core/errors.py).
 AuthEvent.__module__ = "gql_service_auth"
 
 EventHook: TypeAlias = Callable[[AuthEvent], None]

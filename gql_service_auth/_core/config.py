@@ -10,8 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from yarl import URL
 
-from ._constants import LOGGER_NAME
-from ._errors import ConfigurationError
+from .constants import LOGGER_NAME
+from .errors import ConfigurationError
 
 logger = logging.getLogger(LOGGER_NAME)
 

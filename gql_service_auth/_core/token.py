@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from ._constants import BEARER_SCHEME, EXPIRY_GUARD
+from .constants import BEARER_SCHEME, EXPIRY_GUARD
 
 
 class Clock(Protocol):
@@ -125,7 +125,7 @@ class AccessToken:
         )
 
 
-# Shown as gql_service_auth.AccessToken, where users import it from (see _errors.py).
+# Shown as gql_service_auth.AccessToken, where users import it from (see _core/errors.py).
 AccessToken.__module__ = "gql_service_auth"
 Clock.__module__ = "gql_service_auth"
 

@@ -6,8 +6,8 @@ import base64
 from dataclasses import dataclass, field
 from urllib.parse import quote_plus
 
-from ._constants import API_KEY_SCHEME
-from ._errors import ConfigurationError
+from .constants import API_KEY_SCHEME
+from .errors import ConfigurationError
 
 
 def _has_control_chars(value: str) -> bool:

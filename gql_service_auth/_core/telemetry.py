@@ -20,11 +20,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Final, Protocol
 
-from ._constants import LOGGER_NAME
+from .constants import LOGGER_NAME
 
 
 class Event(Protocol):
-    """What is read of an ``AuthEvent`` (``_events.py`` imports this module, not back)."""
+    """What is read of an ``AuthEvent`` (``_core/events.py`` imports this module, not back)."""
 
     @property
     def name(self) -> str: ...

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from ._constants import MAX_SERVER_TEXT, UNAUTHENTICATED
+from .constants import MAX_SERVER_TEXT, UNAUTHENTICATED
 
 
 def api_key_advice(instead: str) -> str:

@@ -1,6 +1,6 @@
 """One token fetch in progress, and the ways to wait for it: from any event loop, or blocking.
 
-A fetch runs on a daemon thread with an event loop of its own (see ``_tokens.py``) and
+A fetch runs on a daemon thread with an event loop of its own (see ``_core/tokens.py``) and
 publishes its outcome as a ``concurrent.futures.Future``. Waiters never run it: a
 coroutine on any asyncio loop awaits it, a sync caller blocks on it, and a waiter that
 gives up leaves it to finish for the others.
@@ -16,11 +16,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import TokenRequestError
-from ._events import AuthEvent
-from ._loop_thread import close_own_loop
-from ._telemetry import current_context
-from ._token import AccessToken
+from .errors import TokenRequestError
+from .events import AuthEvent
+from .loop_thread import close_own_loop
+from .telemetry import current_context
+from .token import AccessToken
 
 _POLL_INTERVAL = 0.05
 """Seconds between a waiter's own checks of a fetch, besides the fetch's wake-up call."""

@@ -12,29 +12,29 @@ secret included, so that a different secret never gets another's token), the HTT
 settings of the request (TLS verification, proxy, connector), the retry policy, the
 renewal settings, the clock, and the shared store under it. What belongs to each
 transport stays with it: its ``on_event`` hook (every transport sharing a token hears
-its events, see :class:`~._events.Subscribers`), ``max_renewals``, and everything about
+its events, see :class:`~.events.Subscribers`), ``max_renewals``, and everything about
 the GraphQL requests themselves.
 
 Retention. gql's ``Client`` and its session refer to each other, so a transport dropped
 by its caller lives until the cyclic garbage collector runs, or longer: a registry of
 weak references alone would lose the token of a per-call transport at every collection.
-So the registry keeps the latest :data:`~._constants.SHARED_TOKENS_KEPT` managers
+So the registry keeps the latest :data:`~.constants.SHARED_TOKENS_KEPT` managers
 strongly for as long as their token is usable, whatever the collector does, and every
 manager a live transport uses weakly. Nothing else accumulates. A forked child keeps the
 managers, whose tokens are values; each drops its flight and lock there (see
-``_tokens.py``), as this registry drops its lock.
+``_core/tokens.py``), as this registry drops its lock.
 
 Refusals. A manager whose token the API refused holds no usable token, and goes like any
 other; but what the refusals taught it (fresh tokens refused in a row, and the pause of
 renewals they impose) must outlive it, or transports built per call for credentials an
 API refuses would each fetch and renew anew, without bound. So as such a manager goes
 (no transport uses it, and the registry let it go), the registry keeps its
-:class:`~._ledger.Pause`, and the next manager of the same credentials, API, retry policy
+:class:`~.ledger.Pause`, and the next manager of the same credentials, API, retry policy
 and clock (a :class:`PauseKey`) goes on from it: calls fail at once while the pause lasts,
 and the first after it renews, the pauses growing on, as with one long-lived transport.
 What is kept holds no secret: a keyed digest names the credentials, and the pause holds
 counts, times and a redacted answer; the manager, its secret and its key go. At most
-:data:`~._constants.SHARED_PAUSES_KEPT` are kept, the least recently left going first; a
+:data:`~.constants.SHARED_PAUSES_KEPT` are kept, the least recently left going first; a
 forked child keeps them, as it keeps the managers; ``share_tokens=False`` keeps its own.
 """
 
@@ -53,12 +53,12 @@ from typing import Any
 
 from yarl import URL
 
-from . import _fork
-from ._constants import SHARED_PAUSES_KEPT, SHARED_TOKENS_KEPT
-from ._ledger import Pause
-from ._oauth2 import RetryPolicy
-from ._stores.protocol import TokenIdentity
-from ._tokens import TokenManager
+from .._stores.protocol import TokenIdentity
+from . import fork as _fork
+from .constants import SHARED_PAUSES_KEPT, SHARED_TOKENS_KEPT
+from .ledger import Pause
+from .oauth2 import RetryPolicy
+from .tokens import TokenManager
 
 _DIGEST_KEY = secrets.token_bytes(32)
 """Keys the digests that name credentials in a :class:`PauseKey`: worthless outside this
