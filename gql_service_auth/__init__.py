@@ -3,7 +3,6 @@
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._aiohttp_token_session import TokenSessionArgs
     from ._core.errors import (
         ApiKeyRejectedError,
         ApiKeyRejectedHTTPError,
@@ -16,6 +15,7 @@ if TYPE_CHECKING:
     from ._core.events import AuthEvent, EventHook, EventName
     from ._core.oauth2 import ClientAuthMethod, RetryPolicy
     from ._core.token import AccessToken, Clock
+    from ._stacks.aiohttp_token_session import TokenSessionArgs
     from ._stores.protocol import StoredToken, TokenIdentity, TokenStore
     from .transports import (
         AIOHTTPTransportOptions,
@@ -52,7 +52,7 @@ _HOMES: dict[str, str] = {
     "TokenIdentity": "_stores.protocol",
     "TokenStore": "_stores.protocol",
     "TokenRequestError": "_core.errors",
-    "TokenSessionArgs": "_aiohttp_token_session",
+    "TokenSessionArgs": "_stacks.aiohttp_token_session",
     "UnauthenticatedError": "_core.errors",
     "UnauthenticatedHTTPError": "_core.errors",
 }

@@ -22,7 +22,7 @@ try:
     from gql.transport.httpx import HTTPXAsyncTransport, HTTPXTransport
     from gql.transport.httpx import httpx as _gql_httpx  # type: ignore[attr-defined]
 
-    from ._httpx_auth import ApiKeyAuth, OAuth2Auth
+    from ._stacks.httpx_auth import ApiKeyAuth, OAuth2Auth
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
     raise ImportError(
         "gql_service_auth.httpx needs the httpx extra: pip install 'gql-service-auth[httpx]'"
@@ -38,8 +38,6 @@ from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._aiohttp_token_session import TokenSessionArgs
-from ._auth_objects import oauth2_settings
 from ._core.config import check_url
 from ._core.constants import (
     DEFAULT_EXPIRES_IN,
@@ -52,7 +50,9 @@ from ._core.fork import DropsClientInChild
 from ._core.oauth2 import ClientAuthMethod, RetryPolicy
 from ._core.redact import forgets_on_error
 from ._core.token import Clock
-from ._http_auth import (
+from ._stacks.aiohttp_token_session import TokenSessionArgs
+from ._stacks.auth_objects import oauth2_settings
+from ._stacks.http_auth import (
     OAuth2Rules,
     api_key_call,
     api_key_call_async,
@@ -60,7 +60,7 @@ from ._http_auth import (
     oauth2_call,
     oauth2_call_async,
 )
-from ._stack_transports import ApiKeyTransportParts, OAuth2TransportParts
+from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts
 from ._stores.protocol import TokenStore
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ try:
     from gql.transport.requests import RequestsHTTPTransport
     from requests.utils import select_proxy
 
-    from ._requests_auth import ApiKeyAuth, OAuth2Auth
+    from ._stacks.requests_auth import ApiKeyAuth, OAuth2Auth
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
     raise ImportError(
         "gql_service_auth.requests needs the requests extra: "
@@ -35,8 +35,6 @@ from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._aiohttp_token_session import TokenSessionArgs
-from ._auth_objects import oauth2_settings
 from ._core.config import check_url
 from ._core.constants import (
     DEFAULT_EXPIRES_IN,
@@ -49,8 +47,10 @@ from ._core.fork import DropsClientInChild
 from ._core.oauth2 import ClientAuthMethod, RetryPolicy
 from ._core.redact import forgets_on_error
 from ._core.token import Clock
-from ._http_auth import api_key_call, check_proxy, oauth2_call
-from ._stack_transports import ApiKeyTransportParts, OAuth2TransportParts
+from ._stacks.aiohttp_token_session import TokenSessionArgs
+from ._stacks.auth_objects import oauth2_settings
+from ._stacks.http_auth import api_key_call, check_proxy, oauth2_call
+from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts
 from ._stores.protocol import TokenStore
 
 if TYPE_CHECKING:

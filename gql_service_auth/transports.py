@@ -3,7 +3,7 @@
 The aiohttp adapter. What an answer means and whether a request goes again is decided by
 the core (:mod:`gql_service_auth._core.refusal`, :mod:`gql_service_auth._core.flow`); tokens are
 the business of :class:`~gql_service_auth._core.tokens.TokenManager`; the aiohttp plumbing
-(sessions per loop, uploads per task) is in :mod:`gql_service_auth._aiohttp`. Here is
+(sessions per loop, uploads per task) is in :mod:`gql_service_auth._stacks.aiohttp`. Here is
 what ties them to gql's ``AIOHTTPTransport``, and the fast path of a request.
 """
 
@@ -29,14 +29,6 @@ from gql.transport.exceptions import TransportError
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._aiohttp import (
-    AuthenticatingTransport,
-    transport_error,
-    watching_redirects,
-    with_authorization,
-)
-from ._aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
-from ._aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
 from ._core.config import check_url
 from ._core.constants import DEFAULT_EXPIRES_IN, DEFAULT_MAX_RENEWALS, DEFAULT_REFRESH_MARGIN
 from ._core.credentials import ClientCredentials
@@ -54,7 +46,19 @@ from ._core.settings import (
     token_manager,
 )
 from ._core.token import AccessToken, Clock
-from ._gql import (
+from ._stacks.aiohttp import (
+    AuthenticatingTransport,
+    transport_error,
+    watching_redirects,
+    with_authorization,
+)
+from ._stacks.aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
+from ._stacks.aiohttp_token_session import (
+    AiohttpFormPoster,
+    TokenSessionArgs,
+    resolve_token_session,
+)
+from ._stacks.gql import (
     Bare401,
     Snapshot,
     answered,

@@ -13,7 +13,7 @@ place keeps the chain (the URL, the status, the message, what the server said) f
 debugging and drops only the credentials.
 
 Each stack's adapter registers where its records are (:func:`register`: a
-:class:`RecordScrubber`; aiohttp's is in ``_aiohttp_redact.py``, requests' and httpx's
+:class:`RecordScrubber`; aiohttp's is in ``_stacks/aiohttp_redact.py``, requests' and httpx's
 beside their auth objects), so this module knows no HTTP stack; what becomes of the records
 is decided here, once, the same on every stack.
 """

@@ -1,4 +1,4 @@
-"""What a request sends, read off it once (gql_service_auth._gql.snapshot): no network.
+"""What a request sends, read off it once (gql_service_auth._stacks.gql.snapshot): no network.
 
 A re-send sends what the call started with, whatever the caller changes meanwhile; leaves
 (a FileVar) stay the objects they were, shared parts and cycles keep their shape.
@@ -11,7 +11,7 @@ from typing import Any
 
 from gql import FileVar, GraphQLRequest, gql
 
-from gql_service_auth._gql import rebuild, snapshot
+from gql_service_auth._stacks.gql import rebuild, snapshot
 
 QUERY = gql("query ($f: Filter) { carriers(filter: $f) { totalCount } }")
 

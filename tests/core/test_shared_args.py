@@ -1,4 +1,4 @@
-"""The post arguments requests share per credential (gql_service_auth._aiohttp.SharedArgs).
+"""The post arguments requests share per credential (gql_service_auth._stacks.aiohttp.SharedArgs).
 
 A unit test of a private piece: nothing public shows it. Requests in flight read it
 concurrently, so its header must be read-only, never copied, and hidden. The dict around
@@ -13,7 +13,7 @@ import pickle
 
 import pytest
 
-from gql_service_auth._aiohttp import SharedArgs
+from gql_service_auth._stacks.aiohttp import SharedArgs
 
 
 def test_shared_args_hide_the_header_refuse_copies_and_keep_the_header_read_only() -> None:

@@ -14,7 +14,7 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from ._core.redact import REDACTED, SENSITIVE_HEADERS, register
+from .._core.redact import REDACTED, SENSITIVE_HEADERS, register
 
 
 def _redacted_info(info: RequestInfo) -> RequestInfo:

@@ -21,17 +21,17 @@ from gql.transport.exceptions import (
 )
 from graphql import DocumentNode, ExecutionResult, OperationDefinitionNode
 
-from ._core.errors import (
+from .._core.errors import (
     ApiKeyRejectedError,
     ApiKeyRejectedHTTPError,
     GqlServiceAuthError,
     UnauthenticatedError,
     UnauthenticatedHTTPError,
 )
-from ._core.flow import Accepted, Outcome, Paused, Refused, Sent
-from ._core.ledger import RenewalPaused
-from ._core.redact import clear_locals, redact_chain, redact_text
-from ._core.refusal import (
+from .._core.flow import Accepted, Outcome, Paused, Refused, Sent
+from .._core.ledger import RenewalPaused
+from .._core.redact import clear_locals, redact_chain, redact_text
+from .._core.refusal import (
     BARE_401,
     SUBSCRIPTION,
     Answer,
@@ -42,8 +42,8 @@ from ._core.refusal import (
     paused_message,
     refusal_message,
 )
-from ._core.token import AccessToken
-from ._core.tokens import TokenManager
+from .._core.token import AccessToken
+from .._core.tokens import TokenManager
 
 _T = TypeVar("_T")
 
@@ -337,7 +337,7 @@ def paused_error(paused: Paused, last_refusal: object) -> UnauthenticatedError:
 
 
 # gql's requests and httpx transports, whose auth objects sign and re-send inside the HTTP
-# client, and hand a refused outcome back through an Exchange (see _http_auth.py).
+# client, and hand a refused outcome back through an Exchange (see _stacks/http_auth.py).
 
 
 def own_error(exc: BaseException) -> GqlServiceAuthError | None:

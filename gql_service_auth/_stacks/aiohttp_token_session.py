@@ -31,13 +31,13 @@ from aiohttp.client_reqrep import Fingerprint
 from multidict import CIMultiDict
 from yarl import URL
 
-from . import _aiohttp_redact  # noqa: F401 - registers how aiohttp errors are scrubbed
-from ._core.config import is_loopback
-from ._core.constants import MAX_TOKEN_RESPONSE_BYTES
-from ._core.errors import ConfigurationError, TokenRequestError
-from ._core.oauth2 import FormAnswer, secrets_sent
-from ._core.redact import redact_chain, redact_text
-from ._core.sharing import Same
+from .._core.config import is_loopback
+from .._core.constants import MAX_TOKEN_RESPONSE_BYTES
+from .._core.errors import ConfigurationError, TokenRequestError
+from .._core.oauth2 import FormAnswer, secrets_sent
+from .._core.redact import redact_chain, redact_text
+from .._core.sharing import Same
+from . import aiohttp_redact as _aiohttp_redact  # noqa: F401 - registers how aiohttp errors are scrubbed
 
 
 class TokenSessionArgs(TypedDict, total=False):

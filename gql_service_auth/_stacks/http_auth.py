@@ -26,16 +26,16 @@ from urllib.parse import urlsplit
 from gql.transport.exceptions import TransportError
 from graphql import GraphQLError, parse
 
-from ._core.config import is_loopback
-from ._core.constants import UNAUTHENTICATED
-from ._core.credentials import ClientCredentials
-from ._core.errors import ConfigurationError
-from ._core.events import Emitter
-from ._core.flow import Refused
-from ._core.refusal import BARE_401, Answer, RequestFacts
-from ._core.token import AccessToken
-from ._core.tokens import TokenManager
-from ._gql import (
+from .._core.config import is_loopback
+from .._core.constants import UNAUTHENTICATED
+from .._core.credentials import ClientCredentials
+from .._core.errors import ConfigurationError
+from .._core.events import Emitter
+from .._core.flow import Refused
+from .._core.refusal import BARE_401, Answer, RequestFacts
+from .._core.token import AccessToken
+from .._core.tokens import TokenManager
+from .gql import (
     api_key_answer,
     api_key_failure,
     oauth2_answer,
@@ -353,7 +353,7 @@ def tell_refused(outcome: Refused[Any]) -> None:
 
 
 # The calls of gql's requests and httpx transports, wrapped: each runs gql's own method
-# with an Exchange open, and raises what the package raises (see _gql.py).
+# with an Exchange open, and raises what the package raises (see _stacks/gql.py).
 
 
 def oauth2_call(call: Callable[[], _T], secrets: Callable[[list[str]], list[str]]) -> _T:

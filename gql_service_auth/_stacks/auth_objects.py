@@ -20,15 +20,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from yarl import URL
 
-from ._aiohttp_token_session import (
-    AiohttpFormPoster,
-    TokenSessionArgs,
-    resolve_token_session,
-    ssl_of_verify,
-)
-from ._core import fork as _fork
-from ._core.config import check_url, endpoint_or_env, given_or_env
-from ._core.constants import (
+from .._core import fork as _fork
+from .._core.config import check_url, endpoint_or_env, given_or_env
+from .._core.constants import (
     DEFAULT_EXPIRES_IN,
     DEFAULT_MAX_RENEWALS,
     DEFAULT_REFRESH_MARGIN,
@@ -39,17 +33,23 @@ from ._core.constants import (
     GRAPHQL_PATH,
     TOKEN_PATH,
 )
-from ._core.credentials import ClientCredentials
-from ._core.errors import ConfigurationError
-from ._core.events import Emitter, EventHook
-from ._core.oauth2 import ClientAuthMethod, RetryPolicy, checked_token_params
-from ._core.redact import forgets_on_error
-from ._core.settings import check_renewal_settings, joined_scope, store_from_env, token_manager
-from ._core.sharing import api_endpoint
-from ._core.token import AccessToken, Clock
-from ._core.tokens import TokenManager
-from ._http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules, ServiceOrigin
-from ._stores.protocol import TokenStore
+from .._core.credentials import ClientCredentials
+from .._core.errors import ConfigurationError
+from .._core.events import Emitter, EventHook
+from .._core.oauth2 import ClientAuthMethod, RetryPolicy, checked_token_params
+from .._core.redact import forgets_on_error
+from .._core.settings import check_renewal_settings, joined_scope, store_from_env, token_manager
+from .._core.sharing import api_endpoint
+from .._core.token import AccessToken, Clock
+from .._core.tokens import TokenManager
+from .._stores.protocol import TokenStore
+from .aiohttp_token_session import (
+    AiohttpFormPoster,
+    TokenSessionArgs,
+    resolve_token_session,
+    ssl_of_verify,
+)
+from .http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules, ServiceOrigin
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):

@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from ._auth_objects import ApiKeyAuthBase, OAuth2AuthBase
-from ._core.errors import GqlServiceAuthError
-from ._core.flow import NeedToken, Paused, Refused, Send, Sent, renewal_flow
-from ._core.ledger import RenewalPaused, RenewalSpent
-from ._core.redact import REDACTED, SENSITIVE_HEADERS, register
-from ._core.refusal import RequestFacts
-from ._core.token import AccessToken
-from ._gql import first_token_blocking, paused_error
-from ._http_auth import (
+from .._core.errors import GqlServiceAuthError
+from .._core.flow import NeedToken, Paused, Refused, Send, Sent, renewal_flow
+from .._core.ledger import RenewalPaused, RenewalSpent
+from .._core.redact import REDACTED, SENSITIVE_HEADERS, register
+from .._core.refusal import RequestFacts
+from .._core.token import AccessToken
+from .auth_objects import ApiKeyAuthBase, OAuth2AuthBase
+from .gql import first_token_blocking, paused_error
+from .http_auth import (
     NOT_REFUSED,
     OAuth2Rules,
     answer_of,
@@ -77,7 +77,7 @@ class ApiKeyAuth(ApiKeyAuthBase, _Auth):
 
     ``httpx.Client(auth=ApiKeyAuth(client_id, client_secret, url=api_url))``; it fits
     httpx2 clients too. Requests to other hosts go out untouched. The arguments and rules
-    are those of :class:`~gql_service_auth._auth_objects.ApiKeyAuthBase`.
+    are those of :class:`~gql_service_auth._stacks.auth_objects.ApiKeyAuthBase`.
     """
 
     def auth_flow(self, request: Request) -> Generator[Request, Response, None]:
@@ -97,7 +97,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
     ``AsyncClient`` (asyncio or trio); it fits httpx2 clients too. One auth object may
     serve any number of clients, threads and event loops: they share its token and its
     fetches. The arguments and rules are those of
-    :class:`~gql_service_auth._auth_objects.OAuth2AuthBase`.
+    :class:`~gql_service_auth._stacks.auth_objects.OAuth2AuthBase`.
     """
 
     def sync_auth_flow(self, request: Request) -> Generator[Request, Response, None]:

@@ -23,10 +23,10 @@ from gql.transport.file_upload import FileVar, close_files
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from . import _aiohttp_redact  # noqa: F401 - registers how aiohttp errors are scrubbed
-from ._core import fork as _fork
-from ._core.config import check_url
-from ._core.errors import ConfigurationError
+from .._core import fork as _fork
+from .._core.config import check_url
+from .._core.errors import ConfigurationError
+from . import aiohttp_redact as _aiohttp_redact  # noqa: F401 - registers how aiohttp errors are scrubbed
 
 if TYPE_CHECKING:
     from aiohttp.client import _RequestContextManager

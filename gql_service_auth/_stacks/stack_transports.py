@@ -8,10 +8,10 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._core.redact import forgets_on_error
-from ._core.settings import api_key_env, oauth2_env
-from ._core.token import AccessToken
-from ._http_auth import OAuth2Rules
+from .._core.redact import forgets_on_error
+from .._core.settings import api_key_env, oauth2_env
+from .._core.token import AccessToken
+from .http_auth import OAuth2Rules
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):

@@ -24,13 +24,13 @@ from requests.models import PreparedRequest, Response
 from requests.structures import CaseInsensitiveDict
 from requests.utils import rewind_body
 
-from ._auth_objects import ApiKeyAuthBase, OAuth2AuthBase
-from ._core.flow import Accepted, NeedToken, Refused, Sent, drive_sync, renewal_flow
-from ._core.redact import REDACTED, SENSITIVE_HEADERS, register
-from ._core.refusal import Answer
-from ._core.token import AccessToken
-from ._gql import first_token_blocking
-from ._http_auth import (
+from .._core.flow import Accepted, NeedToken, Refused, Sent, drive_sync, renewal_flow
+from .._core.redact import REDACTED, SENSITIVE_HEADERS, register
+from .._core.refusal import Answer
+from .._core.token import AccessToken
+from .auth_objects import ApiKeyAuthBase, OAuth2AuthBase
+from .gql import first_token_blocking
+from .http_auth import (
     NOT_REFUSED,
     InsecureOrigins,
     OAuth2Rules,
@@ -58,7 +58,7 @@ class ApiKeyAuth(ApiKeyAuthBase, AuthBase):
 
     ``session.auth = ApiKeyAuth(client_id, client_secret, url=api_url)``, or ``auth=`` per
     request; requests to other hosts go out untouched.
-    The arguments and rules are :class:`~gql_service_auth._auth_objects.ApiKeyAuthBase`'s.
+    The arguments and rules are :class:`~gql_service_auth._stacks.auth_objects.ApiKeyAuthBase`'s.
     """
 
     def __call__(self, r: PreparedRequest) -> PreparedRequest:
@@ -80,7 +80,7 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
     may serve any number of sessions and threads: they share its token and its fetches.
     A request waits for a token at most ``retry.timeout`` seconds (plus a grace), whatever
     the request's own ``timeout``. The arguments and rules are those of
-    :class:`~gql_service_auth._auth_objects.OAuth2AuthBase`.
+    :class:`~gql_service_auth._stacks.auth_objects.OAuth2AuthBase`.
     """
 
     def __call__(self, r: PreparedRequest) -> PreparedRequest:

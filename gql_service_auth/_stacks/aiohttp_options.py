@@ -13,11 +13,11 @@ from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
 from yarl import URL
 
-from ._aiohttp_token_session import TokenSessionArgs
-from ._core.events import EventHook
-from ._core.oauth2 import ClientAuthMethod, RetryPolicy
-from ._core.token import Clock
-from ._stores.protocol import TokenStore
+from .._core.events import EventHook
+from .._core.oauth2 import ClientAuthMethod, RetryPolicy
+from .._core.token import Clock
+from .._stores.protocol import TokenStore
+from .aiohttp_token_session import TokenSessionArgs
 
 
 class AIOHTTPTransportOptions(TypedDict, total=False):
