@@ -225,6 +225,11 @@ class Refusals:
         """Whether ``token`` was read from a shared store rather than fetched here."""
         return token.generation in self._origins
 
+    def only_a_loaded_one_since(self, after: int, generation: int) -> bool:
+        """Whether the one token after generation ``after`` is ``generation``, read from a
+        shared store: the renewal that followed ``after`` was no fetch of this process's."""
+        return generation == after + 1 and generation in self._origins
+
     def _record(self, token: AccessToken) -> None:
         # The first refusal of a token is the one that counts: a token requested after it
         # is newer than the revocation behind it. Without a store, no token is read from

@@ -350,6 +350,11 @@ class TokenManager:
                     and token is None
                     and after
                     and self._generation > after
+                    # A token read from a shared store is no renewal of this process's:
+                    # its refusal leaves the wave the one fetch that follows (the flow
+                    # gives a loaded token's send one more attempt, for the same reason).
+                    # Once: a second refused token, however it came, spends the wave.
+                    and not refusals.only_a_loaded_one_since(after, self._generation)
                 ):
                     raise RenewalSpent
                 remaining = self.pause_remaining()

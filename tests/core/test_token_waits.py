@@ -190,3 +190,109 @@ def test_a_clock_takes_over_waits_only_with_a_wait_its_class_defines() -> None:
         waits_on(clock, slept.append)(0.3)
         assert slept == [0.3]
     assert not spy.wait.called
+
+
+class StoreThenEndpoint:
+    """A shared level stand-in: hands out, in turn, a fetched token, a token read from the
+    store (with where it came from), then fetched ones; counts what the endpoint served."""
+
+    shared = True
+
+    def __init__(self) -> None:
+        self.handed = 0
+        self.fetched = 0
+
+    async def obtain(self, fetch: object, **context: object) -> tuple[TokenResponse, object]:
+        from gql_service_auth._core.provenance import Origin
+
+        self.handed += 1
+        if self.handed == 2:
+            # A peer's replacement, requested now: newer than the refusal behind it.
+            return TokenResponse("from-the-store", expires_in=3600), Origin(time.monotonic(), None)
+        self.fetched += 1
+        return TokenResponse(f"fetched-{self.fetched}", expires_in=3600), None
+
+
+async def test_a_late_request_shares_the_fetch_after_a_refused_token_from_the_store() -> None:
+    """Requests refused with one token share one renewal, and once that renewal is refused
+    too a late one is told it is spent. A token read from the store is no renewal of this
+    process's: its refusal leaves the late request the fetch that follows (a race seen
+    under load: five queries after two revocations, one answered late)."""
+    source = StoreThenEndpoint()
+    tokens = TokenManager(
+        Fetcher(delay=0),
+        refresh_margin=60.0,
+        default_expires_in=3600.0,
+        fetch_timeout=5.0,
+        source=source,  # type: ignore[arg-type]
+    )
+    first = await tokens.get()
+    assert tokens.invalidate(first)  # the first refusal, by one request
+    replacement = await tokens.get(after=first.generation)
+    assert replacement.value == "from-the-store"
+    assert tokens.invalidate(replacement)  # that request's re-send refused too
+    # Another request refused with the first token, whose answer came only now.
+    late = await tokens.get(after=first.generation)
+    assert late.value == "fetched-2"
+    assert source.fetched == 2
+
+
+async def test_a_late_request_is_spent_once_a_fetched_renewal_was_refused() -> None:
+    """The same wave, with the renewal fetched here: the late request is told it is spent,
+    rather than each late request fetching one more (what stampedes a provider)."""
+    from gql_service_auth._core.ledger import RenewalSpent
+
+    tokens = manager(Fetcher(delay=0))
+    first = await tokens.get()
+    assert tokens.invalidate(first)
+    renewal = await tokens.get(after=first.generation)
+    assert tokens.invalidate(renewal)
+    with pytest.raises(RenewalSpent):
+        await tokens.get(after=first.generation)
+
+
+class AlwaysFromTheStore:
+    """A store that keeps handing out peers' tokens (each refused in turn): a fleet whose
+    revocations keep covering what the others stored."""
+
+    shared = True
+
+    def __init__(self) -> None:
+        self.handed = 0
+
+    async def obtain(self, fetch: object, **context: object) -> tuple[TokenResponse, object]:
+        from gql_service_auth._core.provenance import Origin
+
+        self.handed += 1
+        if self.handed == 1:
+            return TokenResponse("fetched", expires_in=3600), None
+        return TokenResponse(f"stored-{self.handed}", expires_in=3600), Origin(
+            time.monotonic(), None
+        )
+
+
+async def test_late_requests_after_refused_store_tokens_cost_one_more_read_at_most() -> None:
+    """However many late requests a wave has, a refused token read from the store buys it
+    one more take-off, not one per request: then the wave is spent."""
+    from gql_service_auth._core.ledger import RenewalSpent
+
+    source = AlwaysFromTheStore()
+    tokens = TokenManager(
+        Fetcher(delay=0),
+        refresh_margin=60.0,
+        default_expires_in=3600.0,
+        fetch_timeout=5.0,
+        source=source,  # type: ignore[arg-type]
+    )
+    first = await tokens.get()
+    assert tokens.invalidate(first)
+    spent = 0
+    for _ in range(20):  # late requests refused with the first token, one after another
+        try:
+            token = await tokens.get(after=first.generation)
+        except RenewalSpent:
+            spent += 1
+        else:
+            tokens.invalidate(token)  # the peer's token is refused too
+    assert source.handed == 3  # the first token, the wave's renewal, one more
+    assert spent == 18
