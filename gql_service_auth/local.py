@@ -16,7 +16,7 @@ database (the standard library's ``sqlite3``), ``tokens-v1.sqlite3`` in the dire
   fetch lock has an owner and a time to live its owner extends, so a holder killed mid-fetch
   costs the others the lock's time to live at most; a failed fetch's reason is kept 5 s.
 - Nothing on disk names the credentials or holds a token in the clear: entries are named by
-  an HMAC tag and sealed with AES-GCM as in Redis (``_sealed.py``).
+  an HMAC tag and sealed with AES-GCM as in Redis (``_stores/sealed.py``).
 - Private: the directory (and any missing parent) is created with mode 0700 and the
   database with 0600 (SQLite gives its journal the database's mode). A directory or database
   another user owns, or that group or others may access, a database that is a symbolic

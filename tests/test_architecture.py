@@ -154,3 +154,44 @@ def test_an_adapter_does_import_its_stack_where_the_check_blocks_it() -> None:
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.stdout.strip() == "blocked", done.stdout + done.stderr
+
+
+def test_the_page_lists_every_module_of_the_core_and_the_stores() -> None:
+    """A module added to ``_core/`` or ``_stores/`` is on the page, so the check above
+    imports it too."""
+    listed = set(_listed("The core") + _listed("The stores"))
+    for folder in ("_core", "_stores"):
+        for path in (PACKAGE / folder).glob("*.py"):
+            if path.name != "__init__.py":
+                assert _module_name(path) in listed, f"{path.name} is not on the page"
+
+
+def _stack_imports(path: Path) -> list[str]:
+    """The HTTP stacks and gql transports ``path`` imports anywhere: in a function, under
+    ``try``, behind ``TYPE_CHECKING``: what the import check above cannot see."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        for name in names:
+            if any(name == stack or name.startswith(stack + ".") for stack in STACKS):
+                found.append(f"{path.name}:{node.lineno} imports {name}")
+    return found
+
+
+def test_the_core_and_the_stores_name_no_http_stack_anywhere() -> None:
+    found = []
+    for folder in ("_core", "_stores"):
+        for path in (PACKAGE / folder).glob("*.py"):
+            found += _stack_imports(path)
+    assert found == []
+
+
+def test_the_static_check_sees_an_import_inside_a_function(tmp_path: Path) -> None:
+    module = tmp_path / "lazy.py"
+    lines = ["def later():", "    try:", "        import aiohttp.web", "    except ImportError:"]
+    module.write_text("\n".join([*lines, "        pass", ""]))
+    assert _stack_imports(module) == ["lazy.py:3 imports aiohttp.web"]

@@ -43,7 +43,7 @@ REDIS_SCHEMES: Final = (
     "redis+sentinel://",
     "rediss+sentinel://",
 )
-"""The URL forms of a Redis token store (see ``_redis_clients``)."""
+"""The URL forms of a Redis token store (see ``_stores/redis_clients.py``)."""
 
 ENV_TOKEN_STORE_CONNECT_TIMEOUT: Final = "SERVICE_TOKEN_STORE_CONNECT_TIMEOUT"
 """Environment variable, optional: seconds a call of the ``SERVICE_TOKEN_STORE_URL`` store

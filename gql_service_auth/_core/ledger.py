@@ -73,7 +73,7 @@ class Refusals:
         cooldown: Seconds renewals pause after the n-th refusal in a row of a token that
             no answer had accepted; ``None`` never pauses.
         weighs_provenance: Whether tokens may come from a shared store, whose refusals
-            must be weighed against the token's origin (see :mod:`._provenance`).
+            must be weighed against the token's origin (see :mod:`.provenance`).
         clock: The manager's clock, the one its token lifetimes are read on, for pauses:
             one clock moves them all, so a ``ManualClock`` in tests ends a pause as it ends
             a lifetime. By default, real time: a pause spares an authorization server's

@@ -6,14 +6,15 @@ transport whose token requests would be the same uses one token manager, found h
 a :class:`SharingKey`. Identity providers bill and throttle token requests; a process
 that asks for a token per call runs into their quotas.
 
-What makes two token requests the same is everything that changes the request or where
-it goes: the credentials and token parameters (a :class:`~._stores.protocol.TokenIdentity`, the
-secret included, so that a different secret never gets another's token), the HTTP
-settings of the request (TLS verification, proxy, connector), the retry policy, the
-renewal settings, the clock, and the shared store under it. What belongs to each
-transport stays with it: its ``on_event`` hook (every transport sharing a token hears
-its events, see :class:`~.events.Subscribers`), ``max_renewals``, and everything about
-the GraphQL requests themselves.
+What makes two token requests the same is everything that changes the request or where it
+goes: the credentials and token parameters (a
+:class:`~gql_service_auth._stores.protocol.TokenIdentity`, the secret included, so that a
+different secret never gets another's token), the HTTP settings of the request (TLS
+verification, proxy, connector), the retry policy, the renewal settings, the clock, and
+the shared store under it. What belongs to each transport stays with it: its ``on_event``
+hook (every transport sharing a token hears its events, see
+:class:`~.events.Subscribers`), ``max_renewals``, and everything about the GraphQL
+requests themselves.
 
 Retention. gql's ``Client`` and its session refer to each other, so a transport dropped
 by its caller lives until the cyclic garbage collector runs, or longer: a registry of

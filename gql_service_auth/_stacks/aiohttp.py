@@ -26,7 +26,9 @@ from yarl import URL
 from .._core import fork as _fork
 from .._core.config import check_url
 from .._core.errors import ConfigurationError
-from . import aiohttp_redact as _aiohttp_redact  # noqa: F401 - registers how aiohttp errors are scrubbed
+
+# Imported for what it does: it registers how aiohttp errors are scrubbed.
+from . import aiohttp_redact  # noqa: F401
 
 if TYPE_CHECKING:
     from aiohttp.client import _RequestContextManager

@@ -37,7 +37,9 @@ from .._core.errors import ConfigurationError, TokenRequestError
 from .._core.oauth2 import FormAnswer, secrets_sent
 from .._core.redact import redact_chain, redact_text
 from .._core.sharing import Same
-from . import aiohttp_redact as _aiohttp_redact  # noqa: F401 - registers how aiohttp errors are scrubbed
+
+# Imported for what it does: it registers how aiohttp errors are scrubbed.
+from . import aiohttp_redact  # noqa: F401
 
 
 class TokenSessionArgs(TypedDict, total=False):

@@ -1,8 +1,8 @@
 """Where a token manager's tokens come from: the token endpoint, or a store in front of it.
 
 The manager asks a :class:`TokenSource` for each token it needs, the same way whether a
-shared store (:mod:`gql_service_auth._stores.protocol`) is in use or not: :data:`ENDPOINT` asks the
-token endpoint, and :class:`SharedLevel` consults the store first.
+shared store (:mod:`gql_service_auth._stores.protocol`) is in use or not: :data:`ENDPOINT`
+asks the token endpoint, and :class:`SharedLevel` consults the store first.
 
 The two levels. Each process keeps its token in memory, and the per-request path reads
 only that. The store is consulted when the manager would otherwise ask the token
@@ -24,9 +24,10 @@ endpoint: no token yet, a token due for renewal, or a refused one. Then
    error rather than each asking again in turn), or having died (one waiter takes over).
 
 All of it is bounded by the fetch's own deadline, store or not. A store that fails or
-is slow never fails a request: each call is bounded by the store's ``timeout``, and on
-any failure the process fetches the token itself, and every transport on that store
-leaves it alone for its ``cooldown``, after one ``token_store_failed`` event.
+is slow never fails a request: each call is bounded by the store's ``timeout`` (and, for
+a store that has one, its ``connect_timeout`` to be ready first), and on any failure the
+process fetches the token itself, and every transport on that store leaves it alone for
+its ``cooldown``, after one ``token_store_failed`` event.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class TokenSource(Protocol):
     (:class:`SharedLevel`). The manager asks it the same way in both cases."""
 
     #: Whether its tokens may come from other processes: a refusal is then weighed against
-    #: where each token came from (see :mod:`._provenance`).
+    #: where each token came from (see :mod:`gql_service_auth._core.provenance`).
     shared: bool
 
     async def obtain(

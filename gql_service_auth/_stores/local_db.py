@@ -2,7 +2,7 @@
 
 Blocking, and used on the store's own thread only. It knows no encryption: it keeps what
 ``local.py`` sealed, under the tag ``local.py`` derived, and answers each operation of the
-token store protocol with the semantics of the Redis store's scripts (``_redis_scripts.py``),
+token store protocol with the semantics of the Redis store's scripts (``redis_scripts.py``),
 each in one short transaction (``BEGIN IMMEDIATE`` for writes, so a write is atomic).
 
 Each entry keeps the seconds it had left when written, and the wall time, the monotonic

@@ -169,7 +169,9 @@ def _sentinel(url: str, options: Mapping[str, Any]) -> aioredis.Redis:
         sentinel_kwargs["username"] = own["sentinel_username"]
     if own.get("sentinel_password"):
         sentinel_kwargs["password"] = own["sentinel_password"]
-    manager = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
+    manager = Sentinel(  # type: ignore[no-untyped-call]
+        hosts, sentinel_kwargs=sentinel_kwargs, **kwargs
+    )
     client: aioredis.Redis = manager.master_for(service)
     return client
 

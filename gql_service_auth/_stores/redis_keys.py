@@ -1,6 +1,6 @@
 """Key names and encryption of the Redis token store (see ``redis.py``'s docstring).
 
-The tag, the sealing and the fingerprints are the local store's too (``_sealed.py``); the
+The tag, the sealing and the fingerprints are the local store's too (``sealed.py``); the
 names are Redis's own. Imported by ``gql_service_auth.redis`` only, which checks that the
 ``[redis]`` extra (and so ``cryptography``) is installed.
 """

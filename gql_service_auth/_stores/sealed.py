@@ -1,6 +1,6 @@
 """What the shared token stores keep of an identity: an HMAC tag, sealed values, fingerprints.
 
-Written once for Redis (``redis.py``, names in ``_redis_keys.py``) and the local store
+Written once for Redis (``redis.py``, names in ``redis_keys.py``) and the local store
 (``local.py``): no client id, client secret or token is kept in the clear. The tag that names
 an identity's entries is an HMAC of its token URL, client id, scope, further token parameters
 and client authentication method, keyed by HKDF (RFC 5869) from the client secret (or a
