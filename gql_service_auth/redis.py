@@ -281,17 +281,16 @@ class RedisTokenStore(StoreOnItsThread):
         async def body(turn: Turn) -> Any:
             try:
                 client, calls = await running.ready_client()
-                async with calls:
-                    await connection_at_hand(client, running.set_up_span)
+                async with calls, connection_at_hand(client, running.set_up_span) as on_one:
                     turn.start()
                     script = running.script(source)
                     try:
-                        return await script(keys=keys, args=args, client=client)
+                        return await script(keys=keys, args=args, client=on_one)
                     except Exception as exc:
                         if not healable(exc):
                             raise
-                        await heal(client, exc)
-                    return await script(keys=keys, args=args, client=client)
+                        await heal(on_one, exc)
+                    return await script(keys=keys, args=args, client=on_one)
             except asyncio.CancelledError:
                 if running.loop.closing and not turn.abandoned:
                     # Cancelled by close(), not by the caller: to the caller an error of

@@ -56,8 +56,8 @@ def healable(exc: BaseException) -> bool:
 async def heal(client: Client, exc: BaseException) -> None:
     """Drop what ``exc`` says is stale, so that the next try gets a fresh connection.
 
-    The pool's idle connections go (a failover or an idle close affects them all); the
-    one in error was dropped by redis-py already, or is idle again by now. A cluster
+    The call's own connection goes, and the pool's idle ones (a failover or an idle close
+    affects them all): the next try connects afresh. A cluster
     client reads the slots again; a Sentinel-backed pool asks the Sentinels again on its
     next connection.
     """
@@ -67,6 +67,9 @@ async def heal(client: Client, exc: BaseException) -> None:
     if isinstance(client, RedisCluster):
         await client.nodes_manager.initialize()
         return
+    # A client on one connection (the call's own) reconnects it on its next command.
+    if client.connection is not None:
+        await client.connection.disconnect()
     await client.connection_pool.disconnect(inuse_connections=False)
 
 

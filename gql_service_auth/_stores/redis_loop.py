@@ -9,8 +9,9 @@ submits its calls here through :func:`~.protocol.call_on_thread`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -135,26 +136,45 @@ async def _eval_by_key(source: str, keys: list[str], args: list[Any], client: _C
     return await client.eval(source, len(keys), *keys, *args)
 
 
-async def connection_at_hand(client: _Client, span: float) -> None:
-    """Take a connection from a single server's pool and give it back: one that needs
-    opening (TCP, TLS, AUTH; a Sentinel asked where the primary is) opens now, before the
-    call's ``timeout`` starts, and a closed idle one is found and reopened. A burst of
-    calls to a Redis far away thus grows the pool, rather than each call cut off while
-    it connects. The opening is a task of its own, as the set-up is: a caller that gives
-    up leaves it to end (within ``span`` seconds) and serve the next. A cluster's
-    connections open within the call."""
+@contextlib.asynccontextmanager
+async def connection_at_hand(client: _Client, span: float) -> AsyncIterator[_Client]:
+    """A client on one connection of a single server's pool, taken (and opened, if it
+    must be: TCP, TLS, AUTH; a Sentinel asked where the primary is) before the call's
+    ``timeout`` starts, and given back after: a burst of calls to a Redis far away grows
+    the pool, rather than each call cut off while it connects, or racing the others for
+    the connections they opened. The taking is a task of its own, as the set-up is: a
+    caller that gives up leaves it to end (within ``span`` seconds) and hand the
+    connection back for the next. A cluster's connections open within the call."""
     if not isinstance(client, aioredis.Redis):
+        yield client
         return
-    pool = client.connection_pool
+    single = client.client()  # the same pool; closing it gives its connection back
 
-    async def take_and_give_back() -> None:
-        opening = pool.get_connection()  # type: ignore[no-untyped-call]
-        connection = await asyncio.wait_for(opening, span)
-        await pool.release(connection)
+    async def take() -> None:
+        # Made here, not as an argument: a task cancelled before it starts (the store
+        # closed) leaves no coroutine never awaited.
+        await asyncio.wait_for(single.initialize(), span)
 
-    task = asyncio.ensure_future(take_and_give_back())
-    task.add_done_callback(outcome_read)
-    await asyncio.shield(task)
+    def give_back() -> Awaitable[None]:
+        # The connection leaves the client at once, even if its release never runs (the
+        # store closing): the pool's own closing disconnects it, and the client is not
+        # left to warn of an unclosed connection when collected.
+        connection, single.connection = single.connection, None
+        if connection is None:
+            return asyncio.sleep(0)
+        return client.connection_pool.release(connection)
+
+    taking = asyncio.ensure_future(take())
+    taking.add_done_callback(outcome_read)
+    try:
+        await asyncio.shield(taking)
+    except asyncio.CancelledError:
+        taking.add_done_callback(lambda _: asyncio.ensure_future(give_back()))
+        raise
+    try:
+        yield single
+    finally:
+        await asyncio.shield(give_back())
 
 
 _ALL_SCRIPTS = (
