@@ -37,7 +37,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TypeVar, Union
 
 from redis_server import RedisServer, free_port
@@ -261,7 +260,28 @@ def _cluster_nodes(port: int) -> list[_ClusterNode]:
     return nodes
 
 
-class RedisClusterSet:
+_Self = TypeVar("_Self", bound="_Started")
+
+
+class _Started:
+    """A deployment used as ``with``: started on entering, stopped on leaving, also when
+    the block fails (each ``stop`` stops whatever ``start`` got to)."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Self) -> _Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class RedisClusterSet(_Started):
     """A Redis Cluster of ``primaries`` nodes (no replicas) on 127.0.0.1.
 
     Why: a store on a cluster must keep each credential's keys in one slot (hash tags),
@@ -295,18 +315,6 @@ class RedisClusterSet:
     @property
     def node_urls(self) -> list[str]:
         return [node.url for node in self.nodes]
-
-    def __enter__(self) -> RedisClusterSet:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Start the nodes, join them, assign every slot, and wait until each node says
@@ -504,7 +512,7 @@ class _SentinelServer(RedisServer):
         return [str(self.config), *super()._arguments(), "--sentinel"]
 
 
-class SentinelSet:
+class SentinelSet(_Started):
     """A primary, one replica, and three sentinels watching them (quorum 2), on 127.0.0.1.
 
     Why: a store configured with a Sentinel URL must find the primary through the
@@ -540,18 +548,6 @@ class SentinelSet:
         """``redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/<service>/0``."""
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
         return f"redis+sentinel://{hosts}/{self.service_name}/0"
-
-    def __enter__(self) -> SentinelSet:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Start the primary and its replica, wait for the replica's link, then the
@@ -1032,7 +1028,7 @@ class _Pipe:
     upstream: asyncio.StreamWriter | None = None
 
 
-class TcpProxy:
+class TcpProxy(_Started):
     """A TCP proxy on 127.0.0.1:<free port> to 127.0.0.1:``target_port``, on a thread of
     its own with its own event loop.
 
@@ -1071,18 +1067,6 @@ class TcpProxy:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
-
-    def __enter__(self) -> TcpProxy:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Start the thread and return once the proxy listens."""
