@@ -42,10 +42,9 @@ def healable(exc: BaseException) -> bool:
     if isinstance(exc, redis_errors.ClusterError) and "TTL exhausted" in str(exc):
         # A cluster client's own redirections and TRYAGAIN waits ran out (a slot moving).
         return True
-    return isinstance(
+    return _read_only(exc) or isinstance(
         exc,
         (
-            redis_errors.ReadOnlyError,
             redis_errors.TryAgainError,
             ConnectionResetError,
             BrokenPipeError,
@@ -71,6 +70,14 @@ async def heal(client: Client, exc: BaseException) -> None:
     if client.connection is not None:
         await client.connection.disconnect()
     await client.connection_pool.disconnect(inuse_connections=False)
+
+
+def _read_only(exc: BaseException) -> bool:
+    """A write refused by a replica: redis-py's own error, or (Redis 6) the same refusal of
+    a write inside a script, which reaches redis-py as a plain "Error running script"."""
+    if isinstance(exc, redis_errors.ReadOnlyError):
+        return True
+    return isinstance(exc, redis_errors.ResponseError) and "-READONLY " in str(exc)
 
 
 def _tls_fault(exc: BaseException) -> bool:
@@ -103,7 +110,7 @@ def explain(exc: BaseException, *, clustered: bool, tls: bool) -> str | None:
         )
     if isinstance(exc, redis_errors.AuthenticationError) or "username-password" in lowered:
         return "Redis refused the user name or password of the URL (or credential_provider)"
-    if isinstance(exc, redis_errors.ReadOnlyError):
+    if _read_only(exc):
         return (
             "this Redis is a replica, even on a fresh connection: name the primary "
             "endpoint, or the Sentinels with redis+sentinel://"
