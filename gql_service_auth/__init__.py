@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ._core.oauth2 import ClientAuthMethod, RetryPolicy
     from ._core.token import AccessToken, Clock
     from ._stacks.aiohttp_token_session import TokenSessionArgs
+    from ._stacks.options import TokenOptions
     from ._stores.protocol import StoredToken, TokenIdentity, TokenStore
     from .transports import (
         AIOHTTPTransportOptions,
@@ -51,6 +52,7 @@ _HOMES: dict[str, str] = {
     "StoredToken": "_stores.protocol",
     "TokenIdentity": "_stores.protocol",
     "TokenStore": "_stores.protocol",
+    "TokenOptions": "_stacks.options",
     "TokenRequestError": "_core.errors",
     "TokenSessionArgs": "_stacks.aiohttp_token_session",
     "UnauthenticatedError": "_core.errors",
@@ -96,6 +98,7 @@ __all__ = [
     "RetryPolicy",
     "StoredToken",
     "TokenIdentity",
+    "TokenOptions",
     "TokenRequestError",
     "TokenSessionArgs",
     "TokenStore",

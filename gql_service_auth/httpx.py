@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
 
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any
 
@@ -39,19 +39,10 @@ from graphql import ExecutionResult
 from yarl import URL
 
 from ._core.config import check_url
-from ._core.constants import (
-    DEFAULT_EXPIRES_IN,
-    DEFAULT_MAX_RENEWALS,
-    DEFAULT_REFRESH_MARGIN,
-)
 from ._core.errors import ConfigurationError
-from ._core.events import EventHook
 from ._core.fork import DropsClientInChild
-from ._core.oauth2 import ClientAuthMethod, RetryPolicy
 from ._core.redact import forgets_on_error
-from ._core.token import Clock
-from ._stacks.aiohttp_token_session import TokenSessionArgs
-from ._stacks.auth_objects import oauth2_settings
+from ._stacks.aiohttp_token_session import ssl_of_verify
 from ._stacks.http_auth import (
     OAuth2Rules,
     api_key_call,
@@ -60,8 +51,8 @@ from ._stacks.http_auth import (
     oauth2_call,
     oauth2_call_async,
 )
+from ._stacks.options import oauth2_settings, token_options
 from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts
-from ._stores.protocol import TokenStore
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):
@@ -151,23 +142,10 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
         token_url: str | URL,
         client_id: str,
         client_secret: str,
-        scope: str | Sequence[str] | None = None,
-        token_params: Mapping[str, str] | None = None,
-        token_auth_method: ClientAuthMethod = "client_secret_post",
-        refresh_margin: float = DEFAULT_REFRESH_MARGIN,
-        default_expires_in: float = DEFAULT_EXPIRES_IN,
-        max_renewals: int = DEFAULT_MAX_RENEWALS,
-        retry: RetryPolicy | None = None,
-        on_event: EventHook | None = None,
-        clock: Clock | None = None,
-        allow_insecure_http: bool = False,
-        token_session_args: TokenSessionArgs | None = None,
-        token_proxy: str | URL | None = None,
-        token_store: TokenStore | None = None,
-        share_tokens: bool = True,
         **kwargs: Any,
     ) -> None:
-        _client_args(url, kwargs, allow_insecure_http)
+        options = token_options(kwargs)
+        _client_args(url, kwargs, options.get("allow_insecure_http", False))
         inherited: dict[str, Any] = {"trust_env": kwargs.get("trust_env", True)}
         proxy = _proxy_url(kwargs.get("proxy"))
         if proxy is not None:
@@ -177,21 +155,10 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
             token_url,
             client_id,
             client_secret,
-            scope=scope,
-            token_params=token_params,
-            token_auth_method=token_auth_method,
-            refresh_margin=refresh_margin,
-            default_expires_in=default_expires_in,
-            max_renewals=max_renewals,
-            retry=retry,
-            on_event=on_event,
-            clock=clock,
-            allow_insecure_http=allow_insecure_http,
+            options,
+            caller=f"{type(self).__name__}.__init__",
+            ssl=ssl_of_verify(verify),
             verify=verify,
-            token_session_args=token_session_args,
-            token_proxy=token_proxy,
-            token_store=token_store,
-            share_tokens=share_tokens,
             inherited=inherited,
             inherited_from="the client's proxy and trust_env",
         ).rules(url)
@@ -242,7 +209,7 @@ _OAUTH2_DOC = """A gql ``{base}`` that authenticates with OAuth 2.0 client crede
     ``client_secret``, ``scope``, ``token_params``, ``token_auth_method``,
     ``refresh_margin``, ``default_expires_in``, ``max_renewals``, ``retry``, ``on_event``,
     ``clock``, ``allow_insecure_http``, ``token_session_args``, ``token_proxy``,
-    ``token_store``, ``share_tokens``) are :class:`~gql_service_auth.OAuth2Transport`'s.
+    ``token_store``, ``share_tokens``) are :class:`~gql_service_auth.TokenOptions`.
     The token request is made with aiohttp on a thread of its own; with
     ``token_session_args=None`` it follows the client's ``proxy`` (a URL) and
     ``trust_env`` (``True`` unless given), as httpx does.

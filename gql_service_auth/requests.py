@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
 
 import json
 import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from http.cookiejar import CookieJar
 from typing import TYPE_CHECKING, Any
 
@@ -36,22 +36,13 @@ from graphql import ExecutionResult
 from yarl import URL
 
 from ._core.config import check_url
-from ._core.constants import (
-    DEFAULT_EXPIRES_IN,
-    DEFAULT_MAX_RENEWALS,
-    DEFAULT_REFRESH_MARGIN,
-)
 from ._core.errors import ConfigurationError
-from ._core.events import EventHook
 from ._core.fork import DropsClientInChild
-from ._core.oauth2 import ClientAuthMethod, RetryPolicy
 from ._core.redact import forgets_on_error
-from ._core.token import Clock
-from ._stacks.aiohttp_token_session import TokenSessionArgs
-from ._stacks.auth_objects import oauth2_settings
+from ._stacks.aiohttp_token_session import ssl_of_verify
 from ._stacks.http_auth import api_key_call, check_proxy, oauth2_call
+from ._stacks.options import oauth2_settings, token_options
 from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts
-from ._stores.protocol import TokenStore
 
 if TYPE_CHECKING:
     if sys.version_info >= (3, 11):
@@ -212,7 +203,7 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
     ``client_secret``, ``scope``, ``token_params``, ``token_auth_method``,
     ``refresh_margin``, ``default_expires_in``, ``max_renewals``, ``retry``, ``on_event``,
     ``clock``, ``allow_insecure_http``, ``token_session_args``, ``token_proxy``,
-    ``token_store``, ``share_tokens``) are :class:`~gql_service_auth.OAuth2Transport`'s.
+    ``token_store``, ``share_tokens``) are :class:`~gql_service_auth.TokenOptions`.
     The token request is made with aiohttp on a thread of its own; with
     ``token_session_args=None`` it takes proxies from the environment, as requests does,
     and the proxy of ``proxies=`` (a keyword requests takes) for the token URL's scheme.
@@ -244,22 +235,10 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         token_url: str | URL,
         client_id: str,
         client_secret: str,
-        scope: str | Sequence[str] | None = None,
-        token_params: Mapping[str, str] | None = None,
-        token_auth_method: ClientAuthMethod = "client_secret_post",
-        refresh_margin: float = DEFAULT_REFRESH_MARGIN,
-        default_expires_in: float = DEFAULT_EXPIRES_IN,
-        max_renewals: int = DEFAULT_MAX_RENEWALS,
-        retry: RetryPolicy | None = None,
-        on_event: EventHook | None = None,
-        clock: Clock | None = None,
-        allow_insecure_http: bool = False,
-        token_session_args: TokenSessionArgs | None = None,
-        token_proxy: str | URL | None = None,
-        token_store: TokenStore | None = None,
-        share_tokens: bool = True,
         **kwargs: Any,
     ) -> None:
+        options = token_options(kwargs)
+        allow_insecure_http = options.get("allow_insecure_http", False)
         _checked(url, headers, auth, allow_insecure_http, kwargs.get("proxies"))
         inherited: dict[str, Any] = {"trust_env": True}
         proxy = _proxy_for(token_url, kwargs.get("proxies"))
@@ -269,21 +248,10 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
             token_url,
             client_id,
             client_secret,
-            scope=scope,
-            token_params=token_params,
-            token_auth_method=token_auth_method,
-            refresh_margin=refresh_margin,
-            default_expires_in=default_expires_in,
-            max_renewals=max_renewals,
-            retry=retry,
-            on_event=on_event,
-            clock=clock,
-            allow_insecure_http=allow_insecure_http,
+            options,
+            caller=f"{type(self).__name__}.__init__",
+            ssl=ssl_of_verify(verify),
             verify=verify,
-            token_session_args=token_session_args,
-            token_proxy=token_proxy,
-            token_store=token_store,
-            share_tokens=share_tokens,
             inherited=inherited,
             inherited_from="proxies",
         ).rules(url)

@@ -14,13 +14,13 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
 # aiohttp's LooseCookies names these in strings: typing.get_type_hints() of the options
 # and constructors (pydantic, cattrs, IDEs) looks them up in this module.
 from http.cookies import BaseCookie, Morsel  # noqa: F401
 from ssl import SSLContext
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
@@ -29,34 +29,18 @@ from gql.transport.exceptions import TransportError
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._core.config import check_url
-from ._core.constants import DEFAULT_EXPIRES_IN, DEFAULT_MAX_RENEWALS, DEFAULT_REFRESH_MARGIN
 from ._core.credentials import ClientCredentials
 from ._core.errors import UnauthenticatedError
-from ._core.events import Emitter, EventHook
 from ._core.flow import NeedToken, Sent, drive_async, renewal_flow
-from ._core.oauth2 import ClientAuthMethod, RetryPolicy
 from ._core.redact import clear_locals, forgets_on_error
 from ._core.refusal import RequestFacts, is_refusal
-from ._core.settings import (
-    api_key_env,
-    check_renewal_settings,
-    joined_scope,
-    oauth2_env,
-    token_manager,
-)
-from ._core.token import AccessToken, Clock
+from ._core.settings import api_key_env, oauth2_env
+from ._core.token import AccessToken
 from ._stacks.aiohttp import (
     AuthenticatingTransport,
     transport_error,
     watching_redirects,
     with_authorization,
-)
-from ._stacks.aiohttp_options import AIOHTTPTransportOptions, ApiKeyOptions, OAuth2Options
-from ._stacks.aiohttp_token_session import (
-    AiohttpFormPoster,
-    TokenSessionArgs,
-    resolve_token_session,
 )
 from ._stacks.gql import (
     Bare401,
@@ -75,13 +59,13 @@ from ._stacks.gql import (
     snapshot,
     subscription_refused,
 )
-from ._stores.protocol import TokenStore
+from ._stacks.options import TokenOptions, oauth2_settings
 
-if TYPE_CHECKING:
-    if sys.version_info >= (3, 11):
-        from typing import Self, Unpack
-    else:
-        from typing_extensions import Self, Unpack
+# At run time: typing.get_type_hints() of the constructors resolves Unpack.
+if sys.version_info >= (3, 11):
+    from typing import Self, Unpack
+else:
+    from typing_extensions import Self, Unpack
 
 __all__ = [
     "AIOHTTPTransportOptions",
@@ -92,6 +76,35 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+
+class AIOHTTPTransportOptions(TypedDict, total=False):
+    """The keywords of gql's ``AIOHTTPTransport``, all passed through unchanged.
+
+    ``auth`` is left out on purpose: aiohttp cannot combine it with the ``Authorization``
+    header these transports send, so it is refused.
+    """
+
+    headers: LooseHeaders | None
+    cookies: LooseCookies | None
+    ssl: SSLContext | bool | Fingerprint
+    timeout: int | None
+    ssl_close_timeout: int | float | None
+    json_serialize: Callable[..., str]
+    json_deserialize: Callable[..., Any]
+    client_session_args: dict[str, Any] | None
+
+
+class OAuth2Options(AIOHTTPTransportOptions, TokenOptions, total=False):
+    """The optional keywords of :class:`OAuth2Transport`, for :meth:`OAuth2Transport.from_env`:
+    gql's (:class:`AIOHTTPTransportOptions`) and the token's
+    (:class:`~gql_service_auth.TokenOptions`)."""
+
+
+class ApiKeyOptions(AIOHTTPTransportOptions, total=False):
+    """The optional keywords of :class:`ApiKeyTransport`, for :meth:`ApiKeyTransport.from_env`."""
+
+    allow_insecure_http: bool
 
 
 class ApiKeyTransport(AuthenticatingTransport):
@@ -270,56 +283,21 @@ class OAuth2Transport(AuthenticatingTransport):
     ``cookies``, ``auth``, ``ssl``, ``timeout``, ``ssl_close_timeout``, ``json_serialize``,
     ``json_deserialize``, ``client_session_args``); ``auth`` must stay ``None``. ``ssl``
     also applies to the token endpoint; ``headers`` and ``cookies`` do not, nor does
-    ``client_session_args`` beyond what ``token_session_args`` says.
+    ``client_session_args`` beyond its proxy settings (``trust_env``, ``proxy``,
+    ``proxy_auth``), which the token request follows unless ``token_session_args`` says
+    otherwise.
 
     Args:
         url: The GraphQL endpoint, ``{base_url}/graphql``: a str or a ``yarl.URL``.
         token_url: The token endpoint, ``{auth_url}/oauth2/token``: a str or a ``yarl.URL``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
-        scope: Scope to request, a string or a sequence joined by spaces; ``None`` sends none.
-        token_params: Further form fields for the token request (``audience``...).
-        token_auth_method: ``"client_secret_post"`` (form fields, as the contract says) or
-            ``"client_secret_basic"`` (HTTP Basic).
-        refresh_margin: Seconds before expiry at which a token is renewed, capped at half
-            its lifetime. An upload, which cannot be sent twice, asks for a token valid at
-            least this long.
-        default_expires_in: Seconds a token is trusted when the server gives no usable
-            ``expires_in`` (none, unreadable, or 0 and less).
-        max_renewals: Renewals, and so re-sends, per request after a refusal; 0 never
-            re-sends. Requests refused with the same token share one renewal.
-        retry: Bounds and backoff of the token endpoint's retries, and the pause of
-            renewals while fresh tokens keep being refused; ``None`` means
-            ``RetryPolicy()``.
-        on_event: Called with each :class:`~gql_service_auth.AuthEvent` (token fetched,
-            retry scheduled...), e.g. to count renewals; before the token is handed to
-            the transports sharing it, so keep it quick.
-        clock: Monotonic clock in seconds, for token lifetimes, renewal backoff and pauses;
-            ``time.monotonic`` when ``None``.
-        allow_insecure_http: Allow plain ``http://`` URLs to hosts that are not loopback,
-            and a plain ``http://`` ``token_url`` through an ``http://`` proxy that is not.
-        token_session_args: aiohttp ``ClientSession`` keywords for the token request's
-            own session (see :class:`~gql_service_auth.TokenSessionArgs`): ``trust_env``,
-            ``proxy``, ``proxy_auth``, ``connector`` (a callable returning a new
-            connector, as the fetch runs on an event loop of its own), ``trace_configs``,
-            ``read_bufsize``, ``max_line_size``, ``max_field_size``; any other key is
-            refused. ``None`` takes ``trust_env``, ``proxy`` and ``proxy_auth`` from
-            ``client_session_args``, so the token request goes where the GraphQL
-            requests go; ``{}`` sends it directly whatever ``client_session_args`` says.
-        token_proxy: The token request's proxy, an ``http://`` or ``https://`` URL (a
-            ``str`` or ``yarl.URL``, credentials in it as ``user:password@``), in place of
-            any other; ``None`` keeps what ``token_session_args`` says. Never shown in a
-            ``repr`` or message.
-        token_store: A store that shares tokens with other processes, such as
-            :class:`~gql_service_auth.redis.RedisTokenStore`: a process then asks the
-            token endpoint only when no other process has a token it can use. ``None``
-            keeps tokens in this process only.
-        share_tokens: Share tokens with the other transports of this process (of any
-            stack) whose token requests are the same: same credentials, scope,
-            ``token_params``, ``token_auth_method``, token request settings (TLS,
-            proxy), ``retry``, ``refresh_margin``, ``default_expires_in``, ``clock`` and
-            ``token_store``. A transport built per call then costs no token request of
-            its own. ``False`` keeps this transport's tokens its own.
+        **options: The keywords of the token and its renewal, each with a default:
+            ``scope``, ``token_params``, ``token_auth_method``, ``refresh_margin``,
+            ``default_expires_in``, ``max_renewals``, ``retry``, ``on_event``, ``clock``,
+            ``allow_insecure_http``, ``token_session_args``, ``token_proxy``,
+            ``token_store``, ``share_tokens``: see :class:`~gql_service_auth.TokenOptions`.
+            Every OAuth2 transport and auth object, of every stack, takes them.
 
     Raises:
         ConfigurationError: a bad argument; the message says which.
@@ -342,61 +320,29 @@ class OAuth2Transport(AuthenticatingTransport):
         token_url: str | URL,
         client_id: str,
         client_secret: str,
-        scope: str | Sequence[str] | None = None,
-        token_params: Mapping[str, str] | None = None,
-        token_auth_method: ClientAuthMethod = "client_secret_post",
-        refresh_margin: float = DEFAULT_REFRESH_MARGIN,
-        default_expires_in: float = DEFAULT_EXPIRES_IN,
-        max_renewals: int = DEFAULT_MAX_RENEWALS,
-        retry: RetryPolicy | None = None,
-        on_event: EventHook | None = None,
-        clock: Clock | None = None,
-        allow_insecure_http: bool = False,
-        token_session_args: TokenSessionArgs | None = None,
-        token_proxy: str | URL | None = None,
-        token_store: TokenStore | None = None,
-        share_tokens: bool = True,
+        **options: Unpack[TokenOptions],
     ) -> None:
-        credentials = ClientCredentials(client_id, client_secret)
-        check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
-        token_session = resolve_token_session(
-            token_session_args,
-            client_session_args=client_session_args,
-            token_proxy=token_proxy,
-            token_url=token_url,
-            allow_insecure_http=allow_insecure_http,
+        settings = oauth2_settings(
+            token_url,
+            client_id,
+            client_secret,
+            options,
+            caller=f"{type(self).__name__}.__init__",
+            ssl=ssl,
+            inherited=client_session_args,
         )
-        check_renewal_settings(
-            refresh_margin=refresh_margin,
-            default_expires_in=default_expires_in,
-            max_renewals=max_renewals,
-        )
-        scope = joined_scope(scope)
         super().__init__(
             url, headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
-            json_deserialize, client_session_args, allow_insecure_http=allow_insecure_http,
+            json_deserialize, client_session_args,
+            allow_insecure_http=options.get("allow_insecure_http", False),
         )  # fmt: skip
+        rules = settings.rules(url)
         self.token_url = token_url
-        self._credentials = credentials
-        self._max_renewals = max_renewals
-        self._refresh_margin = float(refresh_margin)
-        self._emit = Emitter(on_event)
-        self._tokens = token_manager(
-            token_url,
-            credentials,
-            post=AiohttpFormPoster(ssl=self.ssl, session=token_session),
-            scope=scope,
-            token_params=token_params,
-            token_auth_method=token_auth_method,
-            refresh_margin=refresh_margin,
-            default_expires_in=default_expires_in,
-            policy=retry or RetryPolicy(),
-            emit=self._emit,
-            clock=clock,
-            token_store=token_store,
-            share=share_tokens,
-            api_url=url,
-        )
+        self._credentials = rules.credentials
+        self._max_renewals = rules.max_renewals
+        self._refresh_margin = rules.refresh_margin
+        self._emit = rules.emit
+        self._tokens = rules.tokens
 
     @classmethod
     @forgets_on_error
@@ -433,9 +379,15 @@ class OAuth2Transport(AuthenticatingTransport):
             ImportError: ``SERVICE_TOKEN_STORE_URL`` is set, and its store's extra is not
                 installed.
         """
-        given = {"url": url, "token_url": token_url}
-        return cls(**oauth2_env(environ, dict(kwargs), **given, client_id=client_id,
-                                client_secret=client_secret))  # fmt: skip
+        settings = oauth2_env(
+            environ,
+            dict(kwargs),
+            url=url,
+            token_url=token_url,
+            client_id=client_id,
+            client_secret=client_secret,
+        )
+        return cls(**settings)
 
     @property
     def token(self) -> AccessToken | None:

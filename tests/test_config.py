@@ -24,6 +24,10 @@ from gql_service_auth import (
     TokenRequestError,
 )
 from gql_service_auth.emulator import Emulator
+from gql_service_auth.httpx import OAuth2Auth as HTTPXOAuth2Auth
+from gql_service_auth.httpx import OAuth2HTTPXTransport
+from gql_service_auth.requests import OAuth2Auth as RequestsOAuth2Auth
+from gql_service_auth.requests import OAuth2RequestsTransport
 
 SECRET = "s3cr3t-value"
 
@@ -45,6 +49,66 @@ async def test_api_key_from_env(emulator: Emulator) -> None:
     del environ["SERVICE_AUTH_URL"]
     async with Client(transport=ApiKeyTransport.from_env(environ)) as session:
         await session.execute(COUNT)
+
+
+def _aiohttp_transport(**options: Any) -> object:
+    return OAuth2Transport(
+        "https://api.example.com/graphql",
+        token_url="https://auth.example.com/oauth2/token",
+        client_id="id",
+        client_secret=SECRET,
+        **options,
+    )
+
+
+def _requests_transport(**options: Any) -> object:
+    return OAuth2RequestsTransport(
+        "https://api.example.com/graphql",
+        token_url="https://auth.example.com/oauth2/token",
+        client_id="id",
+        client_secret=SECRET,
+        **options,
+    )
+
+
+def _httpx_transport(**options: Any) -> object:
+    return OAuth2HTTPXTransport(
+        "https://api.example.com/graphql",
+        token_url="https://auth.example.com/oauth2/token",
+        client_id="id",
+        client_secret=SECRET,
+        **options,
+    )
+
+
+def _requests_auth(**options: Any) -> object:
+    return RequestsOAuth2Auth(
+        "https://auth.example.com/oauth2/token",
+        "id",
+        SECRET,
+        url="https://api.example.com/graphql",
+        **options,
+    )
+
+
+def _httpx_auth(**options: Any) -> object:
+    return HTTPXOAuth2Auth(
+        "https://auth.example.com/oauth2/token",
+        "id",
+        SECRET,
+        url="https://api.example.com/graphql",
+        **options,
+    )
+
+
+OAUTH2_BUILDERS = [
+    _aiohttp_transport,
+    _requests_transport,
+    _httpx_transport,
+    _requests_auth,
+    _httpx_auth,
+]
+"""Every kind of OAuth2 object, each built with the given token keywords."""
 
 
 def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,18 +322,31 @@ def test_bad_credentials_are_refused_without_echoing_them(
         ("max_renewals", 1.5),
         ("token_auth_method", "private_key_jwt"),
         ("token_params", {"client_secret": "x"}),
+        ("token_store", "redis://127.0.0.1:6379/0"),
+        ("retry", 3),
     ],
 )
-def test_bad_oauth2_settings_are_refused(keyword: str, value: object) -> None:
-    """Out-of-range settings raise ConfigurationError naming the setting."""
-    with pytest.raises(ConfigurationError):
-        OAuth2Transport(
-            "https://api.example.com/graphql",
-            token_url="https://auth.example.com/oauth2/token",
-            client_id="id",
-            client_secret=SECRET,
-            **{keyword: value},
-        )
+@pytest.mark.parametrize("build", OAUTH2_BUILDERS, ids=lambda build: build.__name__)
+def test_bad_oauth2_settings_are_refused(
+    keyword: str, value: object, build: Callable[..., object]
+) -> None:
+    """Out-of-range settings raise ConfigurationError naming the setting, whatever the stack
+    or the kind of object: the options are checked in one place."""
+    with pytest.raises(ConfigurationError, match=keyword):
+        build(**{keyword: value})
+
+
+@pytest.mark.parametrize(
+    "build", OAUTH2_BUILDERS[:1] + OAUTH2_BUILDERS[-2:], ids=lambda build: build.__name__
+)
+def test_a_misspelt_token_keyword_is_a_type_error_naming_it(
+    build: Callable[..., object],
+) -> None:
+    """The aiohttp transport and the auth objects take the token's keywords as
+    ``**options``: one that is none of them fails as Python's own check would. (The requests
+    and httpx transports hand other keywords to their client, as gql's do.)"""
+    with pytest.raises(TypeError, match=r"__init__\(\) got an unexpected keyword argument 'scop'"):
+        build(scop="read")
 
 
 @pytest.mark.parametrize(

@@ -97,7 +97,13 @@ def test_lazy_names_are_listed() -> None:
 
 def test_options_and_constructors_have_resolvable_type_hints() -> None:
     """aiohttp's cookie types are forward references: they must resolve (pydantic, IDEs)."""
-    for name in ("AIOHTTPTransportOptions", "ApiKeyOptions", "OAuth2Options", "TokenSessionArgs"):
+    for name in (
+        "AIOHTTPTransportOptions",
+        "ApiKeyOptions",
+        "OAuth2Options",
+        "TokenOptions",
+        "TokenSessionArgs",
+    ):
         typing.get_type_hints(getattr(gql_service_auth, name))
     for cls in (ApiKeyTransport, OAuth2Transport):
         typing.get_type_hints(cls.__init__)

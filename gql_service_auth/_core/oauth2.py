@@ -238,8 +238,15 @@ def checked_token_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
     is dropped, as it sends nothing.
 
     Raises:
-        ConfigurationError: a name or value of another type.
+        ConfigurationError: a name or value of another type, or a field the grant sets
+            itself.
     """
+    reserved = {"grant_type", "client_id", "client_secret", "scope"} & set(params or {})
+    if reserved:
+        raise ConfigurationError(
+            f"token_params must not set {', '.join(sorted(reserved))}: "
+            "use the transport's own arguments"
+        )
     checked: dict[str, Any] = {}
     for name, value in (params or {}).items():
         if not isinstance(name, str):
@@ -256,6 +263,19 @@ def checked_token_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
         else:
             checked[name] = str.__str__(value)  # a str subclass compares as what is sent
     return checked
+
+
+def checked_auth_method(method: object) -> ClientAuthMethod:
+    """``token_auth_method``, one of the two the grant knows.
+
+    Raises:
+        ConfigurationError: any other.
+    """
+    if method == "client_secret_post" or method == "client_secret_basic":
+        return method
+    raise ConfigurationError(
+        "token_auth_method must be 'client_secret_post' or 'client_secret_basic'"
+    )
 
 
 class ClientCredentialsGrant:
@@ -284,17 +304,8 @@ class ClientCredentialsGrant:
         post: FormPoster,
         emit: Callable[[AuthEvent], None],
     ) -> None:
-        if auth_method not in ("client_secret_post", "client_secret_basic"):
-            raise ConfigurationError(
-                "token_auth_method must be 'client_secret_post' or 'client_secret_basic'"
-            )
+        auth_method = checked_auth_method(auth_method)
         extra_params = checked_token_params(extra_params)
-        reserved = {"grant_type", "client_id", "client_secret", "scope"} & set(extra_params)
-        if reserved:
-            raise ConfigurationError(
-                f"token_params must not set {', '.join(sorted(reserved))}: "
-                "use the transport's own arguments"
-            )
         self._token_url = token_url
         self._credentials = credentials
         self._auth_method = auth_method

@@ -109,6 +109,17 @@ def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
     return float(text)
 
 
+def check_token_store(token_store: object) -> None:
+    """Refuse a ``token_store`` that is not a :class:`TokenStore`, naming what it lacks."""
+    if token_store is None:
+        return
+    for method in _STORE_METHODS:
+        if not callable(getattr(token_store, method, None)):
+            raise ConfigurationError(
+                f"token_store must be a TokenStore; {type(token_store).__name__} has no {method}()"
+            )
+
+
 def joined_scope(scope: str | Sequence[str] | None) -> str | None:
     """``scope`` as the token request sends it: one string, space-delimited (RFC 6749 3.3)."""
     if scope is None or isinstance(scope, str):
@@ -148,13 +159,7 @@ def token_manager(
         token_params=params,
         auth_method=token_auth_method,
     )
-    if token_store is not None:
-        for method in _STORE_METHODS:
-            if not callable(getattr(token_store, method, None)):
-                raise ConfigurationError(
-                    f"token_store must be a TokenStore; {type(token_store).__name__} "
-                    f"has no {method}()"
-                )
+    check_token_store(token_store)
     clock = clock or time.monotonic
 
     def build() -> TokenManager:
@@ -216,11 +221,13 @@ def api_key_env(
     url: str | None,
     client_id: str | None,
     client_secret: str | None,
+    reads_url: bool = True,
 ) -> dict[str, Any]:
-    """An API key transport's ``from_env`` arguments: the endpoint and the credentials, each
-    given by keyword or read from its ``SERVICE_*`` variable."""
+    """An API key transport's or auth's ``from_env`` arguments: the endpoint and the
+    credentials, each given by keyword or read from its ``SERVICE_*`` variable; without
+    ``reads_url`` (an auth signing any origin), ``url`` as given."""
     return {
-        "url": endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH),
+        "url": endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH) if reads_url else url,
         "client_id": given_or_env(environ, client_id, ENV_CLIENT_ID),
         "client_secret": given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
     }
@@ -234,13 +241,20 @@ def oauth2_env(
     token_url: str | None,
     client_id: str | None,
     client_secret: str | None,
+    reads_url: bool = True,
 ) -> dict[str, Any]:
-    """An OAuth2 transport's ``from_env`` arguments, ``kwargs`` included: with the token
-    URL, and the store ``SERVICE_TOKEN_STORE_URL`` names unless ``kwargs`` has one."""
+    """An OAuth2 transport's or auth's ``from_env`` arguments, ``kwargs`` included: with the
+    token URL, and the store ``SERVICE_TOKEN_STORE_URL`` names unless ``kwargs`` has one."""
     if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
         kwargs = {**kwargs, "token_store": store}
     return {
-        **api_key_env(environ, url=url, client_id=client_id, client_secret=client_secret),
+        **api_key_env(
+            environ,
+            url=url,
+            client_id=client_id,
+            client_secret=client_secret,
+            reads_url=reads_url,
+        ),
         "token_url": endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
         **kwargs,
     }

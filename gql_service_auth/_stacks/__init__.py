@@ -1,9 +1,10 @@
 """The adapters' private half: each names its stack and does the I/O.
 
-- ``aiohttp``, ``aiohttp_options``, ``aiohttp_redact``, ``aiohttp_token_session``: gql's
-  aiohttp transport's plumbing (sessions per event loop, uploads per task, fork orphans),
-  the keywords as ``TypedDict``\\ s, where aiohttp's errors keep their records, and the
-  token request's own aiohttp session;
+- ``aiohttp``, ``aiohttp_redact``, ``aiohttp_token_session``: gql's aiohttp transport's
+  plumbing (sessions per event loop, uploads per task, fork orphans), where aiohttp's
+  errors keep their records, and the token request's own aiohttp session;
+- ``options``: the token's keywords, declared once for every OAuth2 class, and the one
+  builder that checks them;
 - ``requests_auth``, ``httpx_auth``: the auth hook for requests and the ``httpx.Auth`` flow;
 - ``auth_objects``, ``stack_transports``, ``http_auth``: what the requests and httpx
   adapters share (the auth objects' settings, ``from_env``, the rules of a signed request);

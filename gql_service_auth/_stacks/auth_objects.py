@@ -12,70 +12,37 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Mapping
 from ssl import SSLContext
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any
 
 from yarl import URL
 
 from .._core import fork as _fork
-from .._core.config import check_url, endpoint_or_env, given_or_env
-from .._core.constants import (
-    DEFAULT_EXPIRES_IN,
-    DEFAULT_MAX_RENEWALS,
-    DEFAULT_REFRESH_MARGIN,
-    ENV_AUTH_URL,
-    ENV_BASE_URL,
-    ENV_CLIENT_ID,
-    ENV_CLIENT_SECRET,
-    GRAPHQL_PATH,
-    TOKEN_PATH,
-)
+from .._core.config import check_url
+from .._core.constants import ENV_BASE_URL
 from .._core.credentials import ClientCredentials
 from .._core.errors import ConfigurationError
-from .._core.events import Emitter, EventHook
-from .._core.oauth2 import ClientAuthMethod, RetryPolicy, checked_token_params
 from .._core.redact import forgets_on_error
-from .._core.settings import check_renewal_settings, joined_scope, store_from_env, token_manager
+from .._core.settings import api_key_env, oauth2_env
 from .._core.sharing import api_endpoint
-from .._core.token import AccessToken, Clock
-from .._core.tokens import TokenManager
-from .._stores.protocol import TokenStore
-from .aiohttp_token_session import (
-    AiohttpFormPoster,
-    TokenSessionArgs,
-    resolve_token_session,
-    ssl_of_verify,
-)
+from .._core.token import AccessToken
+from .aiohttp_token_session import ssl_of_verify
 from .http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules, ServiceOrigin
+from .options import OAuth2Settings, TokenOptions, oauth2_settings
 
-if TYPE_CHECKING:
-    if sys.version_info >= (3, 11):
-        from typing import Self, Unpack
-    else:
-        from typing_extensions import Self, Unpack
+# At run time: typing.get_type_hints() of the constructors resolves Unpack.
+if sys.version_info >= (3, 11):
+    from typing import Self, Unpack
+else:
+    from typing_extensions import Self, Unpack
 
 
-class OAuth2AuthOptions(TypedDict, total=False):
-    """The optional keywords of the OAuth2 auth objects, for ``from_env``."""
+class OAuth2AuthOptions(TokenOptions, total=False):
+    """The optional keywords of the OAuth2 auth objects, for ``from_env``: the token's
+    (:class:`~gql_service_auth.TokenOptions`) and the auth's own."""
 
-    scope: str | Sequence[str] | None
-    token_params: Mapping[str, str] | None
-    token_auth_method: ClientAuthMethod
-    refresh_margin: float
-    default_expires_in: float
-    max_renewals: int
-    retry: RetryPolicy | None
-    on_event: EventHook | None
-    clock: Clock | None
-    allow_insecure_http: bool
     verify: bool | str | SSLContext
-    token_session_args: TokenSessionArgs | None
-    token_proxy: str | URL | None
-    token_store: TokenStore | None
-    share_tokens: bool
     sign_any_origin: bool
 
 
@@ -100,111 +67,6 @@ def service_origin(
         )
     check_url(url, what="url", allow_insecure_http=allow_insecure_http)
     return ServiceOrigin(str(url))
-
-
-def _env_url(environ: Mapping[str, str], url: str | None, sign_any_origin: bool) -> str | None:
-    """The ``url=`` of ``from_env()``: given, else ``SERVICE_BASE_URL``'s, unless every
-    origin is signed."""
-    if sign_any_origin:
-        return url
-    return endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH)
-
-
-def oauth2_settings(
-    token_url: str | URL,
-    client_id: str,
-    client_secret: str,
-    *,
-    scope: str | Sequence[str] | None,
-    token_params: Mapping[str, str] | None,
-    token_auth_method: ClientAuthMethod,
-    refresh_margin: float,
-    default_expires_in: float,
-    max_renewals: int,
-    retry: RetryPolicy | None,
-    on_event: EventHook | None,
-    clock: Clock | None,
-    allow_insecure_http: bool,
-    verify: object,
-    token_session_args: TokenSessionArgs | None,
-    token_proxy: str | URL | None,
-    token_store: TokenStore | None,
-    share_tokens: bool,
-    inherited: Mapping[str, Any],
-    inherited_from: str,
-) -> OAuth2Settings:
-    """The settings of an OAuth2 auth, checked: they make the rules for each API.
-
-    ``inherited`` is what the token request takes from the GraphQL requests' client when
-    ``token_session_args`` is ``None`` (``trust_env``, ``proxy``), named ``inherited_from``
-    in messages.
-    """
-    credentials = ClientCredentials(client_id, client_secret)
-    check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
-    session = resolve_token_session(
-        token_session_args,
-        client_session_args=inherited,
-        token_proxy=token_proxy,
-        token_url=token_url,
-        allow_insecure_http=allow_insecure_http,
-        inherited_from=inherited_from,
-    )
-    check_renewal_settings(
-        refresh_margin=refresh_margin,
-        default_expires_in=default_expires_in,
-        max_renewals=max_renewals,
-    )
-    emit = Emitter(on_event)
-    manager = partial(
-        token_manager,
-        token_url,
-        credentials,
-        post=AiohttpFormPoster(ssl=ssl_of_verify(verify), session=session, verify=verify),
-        scope=joined_scope(scope),
-        token_params=checked_token_params(token_params),
-        token_auth_method=token_auth_method,
-        refresh_margin=refresh_margin,
-        default_expires_in=default_expires_in,
-        policy=retry or RetryPolicy(),
-        emit=emit,
-        clock=clock,
-        token_store=token_store,
-        share=share_tokens,
-    )
-    return OAuth2Settings(
-        credentials,
-        manager,
-        max_renewals,
-        float(refresh_margin),
-        emit,
-        InsecureOrigins(allow_insecure_http),
-    )
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class OAuth2Settings:
-    """An OAuth2 auth's checked settings; :meth:`rules` makes its rules for an API."""
-
-    credentials: ClientCredentials
-    manager: Callable[..., TokenManager]  # token_manager, all but api_url given
-    max_renewals: int
-    refresh_margin: float
-    emit: Emitter
-    origins: InsecureOrigins
-
-    def __repr__(self) -> str:
-        return f"<OAuth2Settings client_id={self.credentials.client_id!r}>"
-
-    def rules(self, api_url: str | URL | None) -> OAuth2Rules:
-        """The rules of requests to the API at ``api_url``, with its token manager."""
-        return OAuth2Rules(
-            self.credentials,
-            self.manager(api_url=api_url),
-            self.max_renewals,
-            self.refresh_margin,
-            self.emit,
-            self.origins,
-        )
 
 
 class _PerApi:
@@ -328,9 +190,13 @@ class ApiKeyAuthBase:
             ConfigurationError: a variable is missing or empty; the message names it.
         """
         return cls(
-            given_or_env(environ, client_id, ENV_CLIENT_ID),
-            given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
-            url=_env_url(environ, url, sign_any_origin),
+            **api_key_env(
+                environ,
+                url=url,
+                client_id=client_id,
+                client_secret=client_secret,
+                reads_url=not sign_any_origin,
+            ),
             sign_any_origin=sign_any_origin,
             allow_insecure_http=allow_insecure_http,
         )
@@ -363,7 +229,7 @@ class OAuth2AuthBase:
     The other keywords (``scope``, ``token_params``, ``token_auth_method``,
     ``refresh_margin``, ``default_expires_in``, ``max_renewals``, ``retry``, ``on_event``,
     ``clock``, ``token_session_args``, ``token_proxy``, ``token_store``, ``share_tokens``)
-    are :class:`~gql_service_auth.OAuth2Transport`'s.
+    are :class:`~gql_service_auth.TokenOptions`, as every OAuth2 transport takes them.
     The token request goes through aiohttp; with ``token_session_args=None`` it takes
     proxies from the environment (``trust_env``), as requests and httpx do. A proxy set on
     the client itself is not seen by the auth, which refuses plain ``http://`` to hosts
@@ -394,48 +260,24 @@ class OAuth2AuthBase:
         *,
         url: str | URL | None = None,
         sign_any_origin: bool = False,
-        scope: str | Sequence[str] | None = None,
-        token_params: Mapping[str, str] | None = None,
-        token_auth_method: ClientAuthMethod = "client_secret_post",
-        refresh_margin: float = DEFAULT_REFRESH_MARGIN,
-        default_expires_in: float = DEFAULT_EXPIRES_IN,
-        max_renewals: int = DEFAULT_MAX_RENEWALS,
-        retry: RetryPolicy | None = None,
-        on_event: EventHook | None = None,
-        clock: Clock | None = None,
-        allow_insecure_http: bool = False,
         verify: bool | str | SSLContext = True,
-        token_session_args: TokenSessionArgs | None = None,
-        token_proxy: str | URL | None = None,
-        token_store: TokenStore | None = None,
-        share_tokens: bool = True,
+        **options: Unpack[TokenOptions],
     ) -> None:
         self._service = service_origin(
             type(self).__name__,
             url,
             sign_any_origin=sign_any_origin,
-            allow_insecure_http=allow_insecure_http,
+            allow_insecure_http=options.get("allow_insecure_http", False),
         )
         self.token_url = token_url
         settings = oauth2_settings(
             token_url,
             client_id,
             client_secret,
-            scope=scope,
-            token_params=token_params,
-            token_auth_method=token_auth_method,
-            refresh_margin=refresh_margin,
-            default_expires_in=default_expires_in,
-            max_renewals=max_renewals,
-            retry=retry,
-            on_event=on_event,
-            clock=clock,
-            allow_insecure_http=allow_insecure_http,
+            options,
+            caller=f"{type(self).__name__}.__init__",
+            ssl=ssl_of_verify(verify),
             verify=verify,
-            token_session_args=token_session_args,
-            token_proxy=token_proxy,
-            token_store=token_store,
-            share_tokens=share_tokens,
             inherited={"trust_env": True},
             inherited_from="the environment (trust_env)",
         )
@@ -487,15 +329,16 @@ class OAuth2AuthBase:
         Raises:
             ConfigurationError: a variable is missing or empty; the message names it.
         """
-        if "token_store" not in kwargs and (store := store_from_env(environ)) is not None:
-            kwargs["token_store"] = store
-        return cls(
-            endpoint_or_env(environ, token_url, ENV_AUTH_URL, TOKEN_PATH),
-            given_or_env(environ, client_id, ENV_CLIENT_ID),
-            given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
-            url=_env_url(environ, url, kwargs.get("sign_any_origin", False)),
-            **kwargs,
+        settings = oauth2_env(
+            environ,
+            dict(kwargs),
+            url=url,
+            token_url=token_url,
+            client_id=client_id,
+            client_secret=client_secret,
+            reads_url=not kwargs.get("sign_any_origin", False),
         )
+        return cls(**settings)
 
     @property
     def token(self) -> AccessToken | None:

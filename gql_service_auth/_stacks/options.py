@@ -1,0 +1,229 @@
+"""The keywords of the token and its renewal, declared once for every OAuth2 class of every
+stack, and the one builder that checks them.
+
+Each OAuth2 transport and auth object takes these keywords as ``**options`` (typed by
+:class:`TokenOptions`) beside its own stack's, and hands them to :func:`oauth2_settings`:
+the checks run once, in one order, whatever the stack, and the defaults live here only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from ssl import SSLContext
+from typing import Any, Final, TypedDict
+
+from aiohttp.client_reqrep import Fingerprint
+from yarl import URL
+
+from .._core.config import check_url
+from .._core.constants import DEFAULT_EXPIRES_IN, DEFAULT_MAX_RENEWALS, DEFAULT_REFRESH_MARGIN
+from .._core.credentials import ClientCredentials
+from .._core.errors import ConfigurationError
+from .._core.events import Emitter, EventHook
+from .._core.oauth2 import (
+    ClientAuthMethod,
+    RetryPolicy,
+    checked_auth_method,
+    checked_token_params,
+)
+from .._core.settings import (
+    check_renewal_settings,
+    check_token_store,
+    joined_scope,
+    token_manager,
+)
+from .._core.token import Clock
+from .._core.tokens import TokenManager
+from .._stores.protocol import TokenStore
+from .aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
+from .http_auth import InsecureOrigins, OAuth2Rules
+
+
+class TokenOptions(TypedDict, total=False):
+    """The keywords of the token and its renewal, taken by every OAuth2 transport and auth
+    object, of every stack; each may be left out for its default.
+
+    Attributes:
+        scope: Scope to request, a string or a sequence joined by spaces; ``None`` (the
+            default) sends none.
+        token_params: Further form fields for the token request (``audience``...).
+        token_auth_method: ``"client_secret_post"`` (form fields, as the contract says;
+            the default) or ``"client_secret_basic"`` (HTTP Basic).
+        refresh_margin: Seconds before expiry at which a token is renewed (60), capped at
+            half its lifetime. An upload, which cannot be sent twice, asks for a token
+            valid at least this long.
+        default_expires_in: Seconds a token is trusted when the server gives no usable
+            ``expires_in`` (none, unreadable, or 0 and less); 300.
+        max_renewals: Renewals, and so re-sends, per request after a refusal (1); 0 never
+            re-sends. Requests refused with the same token share one renewal.
+        retry: Bounds and backoff of the token endpoint's retries, and the pause of
+            renewals while fresh tokens keep being refused; ``None`` means
+            ``RetryPolicy()``.
+        on_event: Called with each :class:`~gql_service_auth.AuthEvent` (token fetched,
+            retry scheduled...), e.g. to count renewals; before the token is handed to
+            the transports sharing it, so keep it quick.
+        clock: Monotonic clock in seconds, for token lifetimes, renewal backoff and pauses;
+            ``time.monotonic`` when ``None``.
+        allow_insecure_http: Allow plain ``http://`` URLs to hosts that are not loopback,
+            and a plain ``http://`` ``token_url`` through an ``http://`` proxy that is not.
+        token_session_args: aiohttp ``ClientSession`` keywords for the token request's
+            own session (see :class:`~gql_service_auth.TokenSessionArgs`): ``trust_env``,
+            ``proxy``, ``proxy_auth``, ``connector`` (a callable returning a new
+            connector, as the fetch runs on an event loop of its own), ``trace_configs``,
+            ``read_bufsize``, ``max_line_size``, ``max_field_size``; any other key is
+            refused. ``None`` (the default) takes the proxy settings of the GraphQL
+            requests' client, so the token request goes where they go; ``{}`` sends it
+            directly whatever the client says.
+        token_proxy: The token request's proxy, an ``http://`` or ``https://`` URL (a
+            ``str`` or ``yarl.URL``, credentials in it as ``user:password@``), in place of
+            any other; ``None`` keeps what ``token_session_args`` says. Never shown in a
+            ``repr`` or message.
+        token_store: A store that shares tokens with other processes, such as
+            :class:`~gql_service_auth.redis.RedisTokenStore`: a process then asks the
+            token endpoint only when no other process has a token it can use. ``None``
+            keeps tokens in this process only.
+        share_tokens: Share tokens with the other transports and auth objects of this
+            process (of any stack) whose token requests are the same: same credentials,
+            scope, ``token_params``, ``token_auth_method``, token request settings (TLS,
+            proxy), ``retry``, ``refresh_margin``, ``default_expires_in``, ``clock`` and
+            ``token_store``. A transport built per call then costs no token request of
+            its own. ``False`` keeps this one's tokens its own. ``True`` by default.
+    """
+
+    scope: str | Sequence[str] | None
+    token_params: Mapping[str, str] | None
+    token_auth_method: ClientAuthMethod
+    refresh_margin: float
+    default_expires_in: float
+    max_renewals: int
+    retry: RetryPolicy | None
+    on_event: EventHook | None
+    clock: Clock | None
+    allow_insecure_http: bool
+    token_session_args: TokenSessionArgs | None
+    token_proxy: str | URL | None
+    token_store: TokenStore | None
+    share_tokens: bool
+
+
+# Shown where users import it from, as the errors are (see _core/errors.py).
+TokenOptions.__module__ = "gql_service_auth"
+
+TOKEN_OPTIONS: Final = frozenset(TokenOptions.__annotations__)
+"""The names of the token keywords, told apart from a stack's own in a ``**kwargs``."""
+
+
+def token_options(kwargs: dict[str, Any]) -> TokenOptions:
+    """Take the token keywords out of ``kwargs``, which keeps the stack's own (requests'
+    and httpx's transports hand those to their client)."""
+    taken = {name: kwargs.pop(name) for name in TOKEN_OPTIONS & kwargs.keys()}
+    return taken  # type: ignore[return-value]  # only TokenOptions' keys were taken
+
+
+def oauth2_settings(
+    token_url: str | URL,
+    client_id: str,
+    client_secret: str,
+    options: TokenOptions,
+    *,
+    caller: str,
+    ssl: SSLContext | bool | Fingerprint,
+    verify: object = None,
+    inherited: Mapping[str, Any] | None,
+    inherited_from: str = "client_session_args",
+) -> OAuth2Settings:
+    """The settings of one OAuth2 transport or auth object, checked, with their defaults.
+
+    ``caller`` names the constructor in the ``TypeError`` of a keyword it does not take,
+    as Python's own would. ``ssl`` is how the token request verifies the token endpoint
+    (aiohttp's ``ssl``; ``verify``, requests' and httpx's, tells alike posters apart).
+    ``inherited`` is what the token request takes from the GraphQL requests' client when
+    ``token_session_args`` is ``None`` (``trust_env``, ``proxy``), named
+    ``inherited_from`` in messages.
+
+    Raises:
+        TypeError: a keyword that is not a token option.
+        ConfigurationError: a bad setting; the message names it.
+    """
+    unknown = options.keys() - TOKEN_OPTIONS
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {min(unknown)!r}")
+    credentials = ClientCredentials(client_id, client_secret)
+    allow_insecure_http = options.get("allow_insecure_http", False)
+    check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
+    session = resolve_token_session(
+        options.get("token_session_args"),
+        client_session_args=inherited,
+        token_proxy=options.get("token_proxy"),
+        token_url=token_url,
+        allow_insecure_http=allow_insecure_http,
+        inherited_from=inherited_from,
+    )
+    refresh_margin = options.get("refresh_margin", DEFAULT_REFRESH_MARGIN)
+    default_expires_in = options.get("default_expires_in", DEFAULT_EXPIRES_IN)
+    max_renewals = options.get("max_renewals", DEFAULT_MAX_RENEWALS)
+    check_renewal_settings(
+        refresh_margin=refresh_margin,
+        default_expires_in=default_expires_in,
+        max_renewals=max_renewals,
+    )
+    retry = options.get("retry") or RetryPolicy()
+    if not isinstance(retry, RetryPolicy):
+        raise ConfigurationError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+    token_store = options.get("token_store")
+    check_token_store(token_store)
+    emit = Emitter(options.get("on_event"))
+    manager = partial(
+        token_manager,
+        token_url,
+        credentials,
+        post=AiohttpFormPoster(ssl=ssl, session=session, verify=verify),
+        scope=joined_scope(options.get("scope")),
+        token_params=checked_token_params(options.get("token_params")),
+        token_auth_method=checked_auth_method(
+            options.get("token_auth_method", "client_secret_post")
+        ),
+        refresh_margin=refresh_margin,
+        default_expires_in=default_expires_in,
+        policy=retry,
+        emit=emit,
+        clock=options.get("clock"),
+        token_store=token_store,
+        share=options.get("share_tokens", True),
+    )
+    return OAuth2Settings(
+        credentials,
+        manager,
+        max_renewals,
+        float(refresh_margin),
+        emit,
+        InsecureOrigins(allow_insecure_http),
+    )
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class OAuth2Settings:
+    """Checked settings; :meth:`rules` makes the rules, and token manager, for an API."""
+
+    credentials: ClientCredentials
+    manager: Callable[..., TokenManager]  # token_manager, all but api_url given
+    max_renewals: int
+    refresh_margin: float
+    emit: Emitter
+    origins: InsecureOrigins
+
+    def __repr__(self) -> str:
+        return f"<OAuth2Settings client_id={self.credentials.client_id!r}>"
+
+    def rules(self, api_url: str | URL | None) -> OAuth2Rules:
+        """The rules of requests to the API at ``api_url``, with its token manager."""
+        return OAuth2Rules(
+            self.credentials,
+            self.manager(api_url=api_url),
+            self.max_renewals,
+            self.refresh_margin,
+            self.emit,
+            self.origins,
+        )
