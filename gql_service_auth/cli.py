@@ -340,32 +340,13 @@ def _setting(value: str | None, environ: Mapping[str, str], name: str, flag: str
 
 
 async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Report:
-    # Flags win over variables; the transports' from_env() then builds the URLs.
-    settings = {
-        ENV_BASE_URL: _setting(args.base_url, environ, ENV_BASE_URL, "--base-url"),
-        ENV_CLIENT_ID: _setting(args.client_id, environ, ENV_CLIENT_ID, "--client-id"),
-        ENV_CLIENT_SECRET: _setting(
-            args.client_secret, environ, ENV_CLIENT_SECRET, "--client-secret"
-        ),
-    }
-    # The auth URL is asked for only where OAuth2 is tried: auto with a working API key
-    # needs none.
-    auth_url = args.auth_url if args.auth_url is not None else environ.get(ENV_AUTH_URL, "")
-    if auth_url.strip():
-        settings[ENV_AUTH_URL] = auth_url.strip()
-    elif args.method == "oauth2":
-        raise _UsageError(f"no --auth-url: pass --auth-url or set {ENV_AUTH_URL}")
-    if not 1 <= args.first <= 100:
-        raise _UsageError("--first must be between 1 and 100")
-    if not 0 < args.timeout <= 600:
-        raise _UsageError("--timeout must be more than 0 and at most 600 seconds")
+    settings = _check_settings(args, environ)
     report = _Report()
     if ends_with_path(settings[ENV_BASE_URL], GRAPHQL_PATH):
         report.notes.append(
             f"The base URL ends in {GRAPHQL_PATH}, so it is used as the GraphQL endpoint as it "
             f"is. {ENV_BASE_URL} is meant to be the API host, without {GRAPHQL_PATH}."
         )
-
     if args.method in ("auto", "api-key"):
         api_key = ApiKeyTransport.from_env(settings, allow_insecure_http=args.allow_insecure_http)
         failure = await _query_step(report, "api_key", api_key, args)
@@ -393,17 +374,49 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
         if args.show_token and token is not None:
             report.access_token = token.value
     if args.method == "auto":
-        if report.ok:
-            report.notes.append(_NOTE_RULE)
-        elif isinstance(failure, TokenRequestError) and (
-            failure.error == "invalid_client" or (failure.error is None and failure.status == 401)
-        ):
-            report.notes.append(_NOTE_WRONG)
-        elif isinstance(failure, UnauthenticatedError):
-            report.notes.append(_NOTE_ELSEWHERE)
-        else:
-            report.notes.append(_NOTE_EITHER.format(", which could not be checked"))
+        report.notes.append(_auto_note(report.ok, failure))
     return report
+
+
+def _check_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """The ``SERVICE_*`` settings of the check: flags win over variables (the transports'
+    ``from_env()`` then builds the URLs).
+
+    Raises:
+        _UsageError: a setting missing, or a flag out of its range.
+    """
+    settings = {
+        ENV_BASE_URL: _setting(args.base_url, environ, ENV_BASE_URL, "--base-url"),
+        ENV_CLIENT_ID: _setting(args.client_id, environ, ENV_CLIENT_ID, "--client-id"),
+        ENV_CLIENT_SECRET: _setting(
+            args.client_secret, environ, ENV_CLIENT_SECRET, "--client-secret"
+        ),
+    }
+    # The auth URL is asked for only where OAuth2 is tried: auto with a working API key
+    # needs none.
+    auth_url = args.auth_url if args.auth_url is not None else environ.get(ENV_AUTH_URL, "")
+    if auth_url.strip():
+        settings[ENV_AUTH_URL] = auth_url.strip()
+    elif args.method == "oauth2":
+        raise _UsageError(f"no --auth-url: pass --auth-url or set {ENV_AUTH_URL}")
+    if not 1 <= args.first <= 100:
+        raise _UsageError("--first must be between 1 and 100")
+    if not 0 < args.timeout <= 600:
+        raise _UsageError("--timeout must be more than 0 and at most 600 seconds")
+    return settings
+
+
+def _auto_note(ok: bool, failure: Exception | None) -> str:
+    """What ``--method auto`` says of the method after trying OAuth2 (the API key refused)."""
+    if ok:
+        return _NOTE_RULE
+    if isinstance(failure, TokenRequestError) and (
+        failure.error == "invalid_client" or (failure.error is None and failure.status == 401)
+    ):
+        return _NOTE_WRONG
+    if isinstance(failure, UnauthenticatedError):
+        return _NOTE_ELSEWHERE
+    return _NOTE_EITHER.format(", which could not be checked")
 
 
 _TOKEN_EVENTS: Final = frozenset({"token_fetched", "token_request_failed"})
@@ -439,20 +452,7 @@ async def _query_step(
         report.exit_code = EXIT_REFUSED
         return exc
     except (TransportError, OSError, asyncio.TimeoutError) as exc:
-        # Python 3.10: aiohttp's timeouts raise the builtin, asyncio's wait_for its own.
-        timed_out = isinstance(exc, asyncio.TimeoutError | TimeoutError)
-        if timed_out and fetched is not None and not any(e.name in _TOKEN_EVENTS for e in fetched):
-            # --timeout ran out while the token was still being fetched: no query was sent.
-            token_url = getattr(transport, "token_url", "the token URL")
-            why = (
-                f"no token from {token_url} within {args.timeout:g} s: is {ENV_AUTH_URL} "
-                "right, and the authorization server up?"
-            )
-            report.steps.append(_Step("token", False, _ms_since(started), why))
-            report.exit_code = EXIT_UNREACHABLE
-            return exc
-        why = _unreachable(exc, transport, args.timeout)
-        report.steps.append(_Step(name, False, _ms_since(started), why))
+        report.steps.append(_unreached_step(exc, name, transport, args.timeout, started, fetched))
         report.exit_code = EXIT_UNREACHABLE
         return exc
     elapsed = _ms_since(started)
@@ -488,6 +488,28 @@ def _unreachable(
             "the service up?"
         )
     return f"cannot reach {url}: {type(exc).__name__}: {exc}"
+
+
+def _unreached_step(
+    exc: BaseException,
+    name: str,
+    transport: ApiKeyTransport | OAuth2Transport,
+    timeout: float,
+    started: float,
+    fetched: list[AuthEvent] | None,
+) -> _Step:
+    """The failed step of a query that got no answer: its own, or the token's when
+    ``--timeout`` ran out while the token was still being fetched (no query was sent)."""
+    # Python 3.10: aiohttp's timeouts raise the builtin, asyncio's wait_for its own.
+    timed_out = isinstance(exc, asyncio.TimeoutError | TimeoutError)
+    if timed_out and fetched is not None and not any(e.name in _TOKEN_EVENTS for e in fetched):
+        token_url = getattr(transport, "token_url", "the token URL")
+        why = (
+            f"no token from {token_url} within {timeout:g} s: is {ENV_AUTH_URL} "
+            "right, and the authorization server up?"
+        )
+        return _Step("token", False, _ms_since(started), why)
+    return _Step(name, False, _ms_since(started), _unreachable(exc, transport, timeout))
 
 
 def _token_exit_code(exc: TokenRequestError) -> int:

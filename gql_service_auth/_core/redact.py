@@ -317,36 +317,54 @@ def spellings(secrets: Iterable[str]) -> list[str]:
 
 def _replace(value: object, needles: list[str], memo: dict[int, object]) -> object:
     """``value`` with the needles replaced; the same object when there was nothing to do."""
-    if isinstance(value, str):
-        scrubbed = value
-        for needle in needles:
-            scrubbed = scrubbed.replace(needle, REDACTED)
-        return value if scrubbed == value else scrubbed
-    if isinstance(value, bytes):
-        data = value
-        for needle in needles:
-            data = data.replace(needle.encode(), REDACTED.encode())
-        return value if data == value else data
+    if isinstance(value, str | bytes):
+        return _replace_text(value, needles)
     if not isinstance(value, (dict, list, CIMultiDict, CIMultiDictProxy)):
         return value
     if id(value) in memo:  # a cycle, or a part seen already
         return memo[id(value)]
     memo[id(value)] = value
     if isinstance(value, list):
-        items = [_replace(item, needles, memo) for item in value]
-        changed = any(a is not b for a, b in zip(items, value, strict=True))
-        result: object = items if changed else value
+        result = _replace_list(value, needles, memo)
     elif isinstance(value, dict):
-        old = list(value.items())
-        pairs = [(_replace(k, needles, memo), _replace(v, needles, memo)) for k, v in old]
-        changed = any(a is not k or b is not v for (a, b), (k, v) in zip(pairs, old, strict=True))
-        result = dict(pairs) if changed else value
-    else:  # headers
-        headers = CIMultiDict((k, str(_replace(v, needles, memo))) for k, v in value.items())
-        changed = list(headers.items()) != list(value.items())
-        result = CIMultiDictProxy(headers) if changed else value
+        result = _replace_dict(value, needles, memo)
+    else:
+        result = _replace_headers(value, needles, memo)
     memo[id(value)] = result
     return result
+
+
+def _replace_text(value: str | bytes, needles: list[str]) -> str | bytes:
+    if isinstance(value, str):
+        scrubbed = value
+        for needle in needles:
+            scrubbed = scrubbed.replace(needle, REDACTED)
+        return value if scrubbed == value else scrubbed
+    data = value
+    for needle in needles:
+        data = data.replace(needle.encode(), REDACTED.encode())
+    return value if data == value else data
+
+
+def _replace_list(value: list[Any], needles: list[str], memo: dict[int, object]) -> object:
+    items = [_replace(item, needles, memo) for item in value]
+    changed = any(a is not b for a, b in zip(items, value, strict=True))
+    return items if changed else value
+
+
+def _replace_dict(value: dict[Any, Any], needles: list[str], memo: dict[int, object]) -> object:
+    old = list(value.items())
+    pairs = [(_replace(k, needles, memo), _replace(v, needles, memo)) for k, v in old]
+    changed = any(a is not k or b is not v for (a, b), (k, v) in zip(pairs, old, strict=True))
+    return dict(pairs) if changed else value
+
+
+def _replace_headers(
+    value: CIMultiDict[Any] | CIMultiDictProxy[Any], needles: list[str], memo: dict[int, object]
+) -> object:
+    headers = CIMultiDict((k, str(_replace(v, needles, memo))) for k, v in value.items())
+    changed = list(headers.items()) != list(value.items())
+    return CIMultiDictProxy(headers) if changed else value
 
 
 _P = ParamSpec("_P")

@@ -204,11 +204,7 @@ def judge(request: RequestFacts, answer: Answer) -> Verdict:
     if answer.redirected:
         return Verdict(Action.FAIL, fate, REDIRECTED)
     if request.batch:
-        if answer.bare_401:
-            return Verdict(Action.RESEND, fate)
-        if answer.refusals == answer.parts and not (answer.data or answer.ran):
-            return Verdict(Action.RESEND, fate)
-        return Verdict(Action.FAIL, fate, "part of the batch may have run")
+        return _batch_verdict(answer, fate)
     if not request.replayable:
         return Verdict(
             Action.FAIL, fate, "it uploads files, whose streams were consumed by the first send"
@@ -228,6 +224,15 @@ def judge(request: RequestFacts, answer: Answer) -> Verdict:
     if answer.data:
         return Verdict(Action.FAIL, fate, "the answer carried data, so part of it may have run")
     return Verdict(Action.RESEND, fate)
+
+
+def _batch_verdict(answer: Answer, fate: TokenFate) -> Verdict:
+    """A refused batch goes again only when none of its operations can have run."""
+    if answer.bare_401:
+        return Verdict(Action.RESEND, fate)
+    if answer.refusals == answer.parts and not (answer.data or answer.ran):
+        return Verdict(Action.RESEND, fate)
+    return Verdict(Action.FAIL, fate, "part of the batch may have run")
 
 
 # The messages of the errors that end a refused request, for every stack.

@@ -287,6 +287,14 @@ def error_type(event: Event) -> str:
 
 
 def _record(instruments: _Instruments, event: Event) -> None:
+    _count(instruments, event)
+    span = _CURRENT_FETCH.get()
+    if span is not None:
+        _note(span, event)
+
+
+def _count(instruments: _Instruments, event: Event) -> None:
+    """Count ``event`` in the metric it belongs to, if any."""
     name = event.name
     if name in _FAILED or name == "token_fetched":
         attributes = {
@@ -308,9 +316,11 @@ def _record(instruments: _Instruments, event: Event) -> None:
         instruments.refusals.add(1)
     elif name == "request_retry_scheduled":
         instruments.resends.add(1)
-    span = _CURRENT_FETCH.get()
-    if span is None:
-        return
+
+
+def _note(span: Any, event: Event) -> None:
+    """Note ``event`` on the span of its fetch: as an event, or, when it ends the fetch,
+    as the span's outcome."""
     attributes = {
         attribute: value
         for field, attribute in _ATTRIBUTE_NAMES.items()
@@ -318,10 +328,10 @@ def _record(instruments: _Instruments, event: Event) -> None:
     }
     if event.error is not None or event.status is not None:
         attributes["error.type"] = error_type(event)
-    if name not in _ENDS_A_FETCH:
-        span.add_event(name, attributes)
+    if event.name not in _ENDS_A_FETCH:
+        span.add_event(event.name, attributes)
         return
-    outcome = {"token_fetched": "success", "token_loaded": "loaded"}.get(name, "failure")
+    outcome = {"token_fetched": "success", "token_loaded": "loaded"}.get(event.name, "failure")
     span.set_attribute(f"{NAMESPACE}.outcome", outcome)
     span.set_attributes(attributes)
     if outcome == "failure":

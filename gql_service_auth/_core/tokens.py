@@ -46,6 +46,18 @@ from .flight import (
     wait_blocking,
 )
 from .ledger import Pause, Refusals, RenewalFailures, RenewalPaused, RenewalSpent
+from .plan import (
+    Fail,
+    Join,
+    Paused,
+    Spent,
+    State,
+    Use,
+    plan_after_failure,
+    plan_get,
+    plan_renewal,
+    renews_landed,
+)
 from .provenance import Origin
 from .redact import clear_locals
 from .telemetry import fetch_span
@@ -233,10 +245,6 @@ class TokenManager:
                 return token
         return None
 
-    def _usable(self, token: AccessToken, min_ttl: float) -> bool:
-        now = self._clock()
-        return now < token.usable_until and token.expires_at - now >= min_ttl
-
     def _renew_ahead(self, token: AccessToken, now: float) -> None:
         """Start a background renewal of ``token``, unless one runs or backs off."""
         with self._lock:
@@ -328,69 +336,60 @@ class TokenManager:
             token = yield from self._get_steps(min_ttl, token.generation)
         return token
 
+    def _state(self) -> State:
+        """What :mod:`.plan` decides on; read with the lock held."""
+        return State(
+            self._token,
+            self._flight is not None,
+            self._generation,
+            self._clock(),
+            self._renewals.next_at,
+            self._refusals,
+        )
+
     def _get_steps(self, min_ttl: float, after: int) -> _Steps:
         token = self.fresh(min_ttl)
         if token is not None and token.generation > after:
             return token
         with self._lock:
-            token = self._token
-            if token is not None and token.generation > after and self._usable(token, min_ttl):
-                return token
-            flight = self._flight
-            if flight is None and min_ttl and self._clock() < self._renewals.next_at:
-                # A renewal failed lately: the caller wishing for more lifetime gets what
-                # every request gets while it backs off, rather than a fetch of its own.
-                fallback = self._fallback(after)
-                if fallback is not None:
-                    return fallback
-            if flight is None:
-                refusals = self._refusals
-                if (
-                    refusals.renewing_after_refusal
-                    and token is None
-                    and after
-                    and self._generation > after
-                    # A token read from a shared store is no renewal of this process's:
-                    # its refusal leaves the wave the one fetch that follows (the flow
-                    # gives a loaded token's send one more attempt, for the same reason).
-                    # Once: a second refused token, however it came, spends the wave.
-                    and not refusals.only_a_loaded_one_since(after, self._generation)
-                ):
-                    raise RenewalSpent
-                remaining = self.pause_remaining()
-                if refusals.renewing_after_refusal and remaining > 0:
-                    raise RenewalPaused(remaining, refusals.unconfirmed_refusals)
-                flight = self._take_off(token)
-                assert flight is not None  # a foreground flight always takes off
+            plan = plan_get(self._state(), min_ttl=min_ttl, after=after)
+            if isinstance(plan, Use):
+                return plan.token
+            if isinstance(plan, Spent):
+                raise RenewalSpent
+            if isinstance(plan, Paused):
+                raise RenewalPaused(plan.seconds, plan.refusals)
+            flight = self._flight if isinstance(plan, Join) else self._take_off(self._token)
+            assert flight is not None  # a foreground flight always takes off
         try:
             token = yield flight
         except TokenRequestError:
-            fallback = self._fallback(after) if min_ttl else None
-            if fallback is None:
+            with self._lock:
+                after_failure = plan_after_failure(self._state(), min_ttl=min_ttl, after=after)
+            if isinstance(after_failure, Fail):
                 raise
             # Outside the except block: the fetch's error is no context of a success.
-            return fallback
-        if min_ttl and not self._usable(token, min_ttl) and self._clock() >= token.renew_at:
-            # Read from a shared store, due for renewal already: a caller that needs more
-            # lifetime waits for its renewal (or gets it back, if that fails). Once.
+            return after_failure.token
+        if renews_landed(token, min_ttl=min_ttl, now=self._clock()):
             return (yield from self._renewed_steps(token, min_ttl, after))
         return token
 
     def _renewed_steps(self, token: AccessToken, min_ttl: float, after: int) -> _Steps:
         with self._lock:
-            flight = self._flight
-            if flight is None:
-                if self._token is not token or self._clock() < self._renewals.next_at:
-                    return self._fallback(after) or token
-                flight = self._take_off(token)
-                assert flight is not None
+            plan = plan_renewal(self._state(), token, after=after)
+            if isinstance(plan, Use):
+                return plan.token
+            flight = self._flight if isinstance(plan, Join) else self._take_off(token)
+            assert flight is not None
         try:
             return (yield flight)
         except TokenRequestError:
-            fallback = self._fallback(after)
-            if fallback is None:
+            with self._lock:
+                # Only a caller wishing for more lifetime waits for this renewal.
+                after_failure = plan_after_failure(self._state(), min_ttl=min_ttl, after=after)
+            if isinstance(after_failure, Fail):
                 raise
-        return fallback
+        return after_failure.token
 
     async def _outcome(self, flight: Flight) -> AccessToken:
         if flight.private:
@@ -407,13 +406,6 @@ class TokenManager:
                 return flight.future.result()
             raise no_thread_here()  # nor a loop of its own, on a thread running one
         return wait_blocking(flight, self._fetch_timeout + FETCH_GRACE)
-
-    def _fallback(self, after: int) -> AccessToken | None:
-        """The token in hand, if still usable and newer than ``after``, else ``None``."""
-        token = self._token
-        if token is not None and token.generation > after and self._usable(token, 0.0):
-            return token
-        return None
 
     @property
     def refusal_answer(self) -> object:

@@ -258,23 +258,7 @@ def resolve_token_session(
             ``allow_insecure_http``. Messages never show a proxy URL: it may carry a
             password.
     """
-    if token_session_args is None:
-        source = inherited_from
-        if client_session_args is not None and not isinstance(client_session_args, Mapping):
-            raise ConfigurationError(
-                "client_session_args must be a dict of aiohttp ClientSession keywords, not "
-                f"{type(client_session_args).__name__}"
-            )
-        chosen = {k: v for k, v in (client_session_args or {}).items() if k in INHERITED_KEYS}
-    else:
-        if not isinstance(token_session_args, Mapping):
-            raise ConfigurationError(
-                "token_session_args must be a dict of aiohttp ClientSession keywords, not "
-                f"{type(token_session_args).__name__}"
-            )
-        source = "token_session_args"
-        chosen = dict(token_session_args)
-        _check_keys(chosen)
+    source, chosen = _chosen(token_session_args, client_session_args, inherited_from)
     proxy_name = f"{source}['proxy']" if source.endswith("_args") else source
     if token_proxy is not None:
         if token_session_args is not None and chosen.get("proxy") is not None:
@@ -287,37 +271,67 @@ def resolve_token_session(
         chosen["proxy"] = token_proxy
         proxy_name = "token_proxy"
     proxy = _proxy(chosen.pop("proxy", None), proxy_name, chosen.pop("proxy_auth", None), source)
-    if (
-        proxy is not None
-        and URL(token_url).scheme == "http"
-        and proxy.scheme == "http"
-        and not is_loopback(proxy.host)
-        and not allow_insecure_http
-    ):
+    if proxy is not None and not allow_insecure_http:
+        _check_plain_http_through(proxy, token_url, proxy_name)
+    trust_env = chosen.pop("trust_env", False)
+    if token_session_args is not None and not isinstance(trust_env, bool):
+        raise ConfigurationError("token_session_args['trust_env'] must be a bool")
+    connector = chosen.pop("connector", None)
+    return TokenSession(
+        trust_env=bool(trust_env) and _environment_matters(token_url, proxy),
+        proxy=proxy,
+        connector=connector,
+        options=chosen,
+        allow_insecure_http=allow_insecure_http,
+    )
+
+
+def _chosen(
+    token_session_args: Mapping[str, Any] | None,
+    client_session_args: Mapping[str, Any] | None,
+    inherited_from: str,
+) -> tuple[str, dict[str, Any]]:
+    """Where the token session's keywords come from (as messages name it), and a copy of
+    them: ``token_session_args``, checked, or what ``client_session_args`` lends."""
+    if token_session_args is None:
+        if client_session_args is not None and not isinstance(client_session_args, Mapping):
+            raise ConfigurationError(
+                "client_session_args must be a dict of aiohttp ClientSession keywords, not "
+                f"{type(client_session_args).__name__}"
+            )
+        lent = (client_session_args or {}).items()
+        return inherited_from, {k: v for k, v in lent if k in INHERITED_KEYS}
+    if not isinstance(token_session_args, Mapping):
+        raise ConfigurationError(
+            "token_session_args must be a dict of aiohttp ClientSession keywords, not "
+            f"{type(token_session_args).__name__}"
+        )
+    chosen = dict(token_session_args)
+    _check_keys(chosen)
+    return "token_session_args", chosen
+
+
+def _check_plain_http_through(proxy: URL, token_url: str | URL, proxy_name: str) -> None:
+    """Refuse a plain-http token request through a proxy that is another machine."""
+    if URL(token_url).scheme == "http" and proxy.scheme == "http" and not is_loopback(proxy.host):
         raise ConfigurationError(
             f"refusing to send credentials over plain http through the proxy at {proxy.host} "
             f"({proxy_name}): token_url is http://, so the proxy and the network on the way "
             "to it would read the client secret. Use an https:// token_url, or pass "
             "allow_insecure_http=True if this network is trusted"
         )
-    trust_env = chosen.pop("trust_env", False)
-    if token_session_args is not None and not isinstance(trust_env, bool):
-        raise ConfigurationError("token_session_args['trust_env'] must be a bool")
+
+
+def _environment_matters(token_url: str | URL, proxy: URL | None) -> bool:
+    """Whether ``trust_env`` changes where the token request goes, or what it sends.
+
+    When nothing in the environment concerns the token URL now (it is read once, as the
+    GraphQL requests' proxy is, per origin), a session that trusts it sends as one that
+    ignores it: so built, transports of either kind share their tokens, and the fetch goes
+    where the sharing key says whoever built the shared manager.
+    """
     environment_proxy, netrc_entry = _environment(token_url)
-    if trust_env and (proxy is not None or environment_proxy is None) and netrc_entry is None:
-        # Nothing in the environment concerns the token URL now, and it is read once (as
-        # the GraphQL requests' proxy is, per origin): such a session sends as one that
-        # ignores the environment, so transports of either kind share their tokens, and
-        # the fetch goes where the sharing key says whoever built the shared manager.
-        trust_env = False
-    connector = chosen.pop("connector", None)
-    return TokenSession(
-        trust_env=bool(trust_env),
-        proxy=proxy,
-        connector=connector,
-        options=chosen,
-        allow_insecure_http=allow_insecure_http,
-    )
+    return netrc_entry is not None or (proxy is None and environment_proxy is not None)
 
 
 def _environment(url: str | URL) -> tuple[str | None, str | None]:
@@ -352,6 +366,7 @@ def _hashable(value: object) -> Hashable:
 
 
 def _check_keys(args: Mapping[str, Any]) -> None:
+    """Refuse ``token_session_args`` keys it does not take, then values of a wrong kind."""
     for key in sorted(args, key=str):
         if key in _REFUSED:
             raise ConfigurationError(f"token_session_args must not set {key!r}: {_REFUSED[key]}")
@@ -360,6 +375,10 @@ def _check_keys(args: Mapping[str, Any]) -> None:
                 f"token_session_args does not accept {key!r}; it accepts "
                 f"{', '.join(sorted(ACCEPTED_KEYS))}"
             )
+    _check_values(args)
+
+
+def _check_values(args: Mapping[str, Any]) -> None:
     connector = args.get("connector")
     if isinstance(connector, aiohttp.BaseConnector) or (
         "connector" in args and not callable(connector)

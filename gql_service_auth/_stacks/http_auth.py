@@ -72,18 +72,24 @@ def answer_of(status: int, body: bytes | None) -> Answer | None:
     if 300 <= status < 400:
         return None
     if body is not None and _MARK in body:
-        try:
-            document: Any = json.loads(body)
-        except ValueError:
-            document = None
-        if isinstance(document, dict) and ("data" in document or "errors" in document):
-            answer = Answer.of_results(((document.get("errors"), document.get("data")),))
-            return answer if answer.refused else None
-        if isinstance(document, list) and all(isinstance(part, dict) for part in document):
-            answer = Answer.of_results((part.get("errors"), part.get("data")) for part in document)
+        answer = _graphql_answer(body)
+        if answer is not None:
             return answer if answer.refused else None
     if status == 401 and not _graphql_body(body):
         return BARE_401
+    return None
+
+
+def _graphql_answer(body: bytes) -> Answer | None:
+    """``body`` read as a GraphQL answer, or a batch's; ``None`` if it is neither."""
+    try:
+        document: Any = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(document, dict) and ("data" in document or "errors" in document):
+        return Answer.of_results(((document.get("errors"), document.get("data")),))
+    if isinstance(document, list) and all(isinstance(part, dict) for part in document):
+        return Answer.of_results((part.get("errors"), part.get("data")) for part in document)
     return None
 
 

@@ -41,6 +41,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from .._core import fork as _fork
@@ -200,6 +201,14 @@ ENDPOINT: TokenSource = _Endpoint()
 """The token source of a manager without a shared store."""
 
 
+@dataclass(slots=True)
+class _LockCall:
+    """Whether a lock call went out with this fetch's owner value: then it is released,
+    whatever happened (a call that timed out may have taken the lock)."""
+
+    sent: bool = False
+
+
 class SharedLevel:
     """The store's side of a token fetch: read, or lock, fetch and write (module docstring).
 
@@ -342,47 +351,21 @@ class SharedLevel:
         def takes(stored: StoredToken, origin: Origin) -> bool:
             return self._takes(stored, origin, refused=refused, refusal=refusal, renewing=renewing)
 
-        identity, store = self._identity, self._store
         # Chosen here, not by the store: a lock call that timed out may still have taken
         # the lock, and only its owner value can release it.
         owner = secrets.token_hex(16)
-        locked = False  # a lock call went out with this owner: release it whatever happened
+        lock = _LockCall()  # sent: release it whatever happened
         try:
             try:
-                if refused is not None:
-                    await self._call(lambda: store.discard(identity, refused))
-                found = await self._read(takes)
-                if found is not None:
-                    return found
-                waited_on: list[str] = []  # holders whose fetch this process waited for
-                while True:
-                    locked = True
-                    holder = await self._call(lambda: store.lock(identity, owner, self.lock_ttl))
-                    if holder is None:
-                        break
-                    locked = False
-                    await self._learn_failure(waited_on, holder)
-                    if holder not in waited_on:
-                        waited_on.append(holder)
-                    # Jittered, so waiters that began together do not poll together. The
-                    # wait is bounded by the fetch's own deadline (TokenManager._fly).
-                    await asyncio.sleep(random.uniform(STORE_POLL_MIN, STORE_POLL_MAX))
-                    found = await self._read(takes)
-                    if found is not None:
-                        return found
-                # Ours now. Whoever held it before either failed, and this process
-                # learns why rather than trying again at once, or wrote a token that
-                # landed between the read and the lock.
-                await self._learn_failure(waited_on, None)
-                found = await self._read(takes)
+                found = await self._read_or_lock(takes, refused, owner, lock)
                 if found is not None:
                     return found
             except StoreUnavailable as error:
                 self._failed(error)
-                if locked:
+                if lock.sent:
                     # Alongside the fetch, not before it: the store may be the slow part.
                     # A release that fails leaves the lock to expire within lock_ttl.
-                    locked = False
+                    lock.sent = False
                     releasing = asyncio.ensure_future(self._release(owner))
                     try:
                         return await fetch(), None
@@ -393,7 +376,7 @@ class SharedLevel:
             try:
                 response = await self._fetch_holding(fetch, owner)
             except TokenRequestError as failed:
-                locked = False
+                lock.sent = False
                 # Only a failure every process would meet is shared (the endpoint down or
                 # hung); one of credentials (a secret being rotated, with store_key) is not.
                 await self._release(owner, _describe(failed) if failed.retryable else None)
@@ -401,8 +384,46 @@ class SharedLevel:
             await self._save(response, started, replacing)
             return response, None
         finally:
-            if locked:
+            if lock.sent:
                 await self._release(owner)
+
+    async def _read_or_lock(
+        self,
+        takes: Callable[[StoredToken, Origin], bool],
+        refused: str | None,
+        owner: str,
+        lock: _LockCall,
+    ) -> tuple[TokenResponse, Origin] | None:
+        """A stored token to take, or ``None`` once this process holds the lock (as
+        ``owner``) and fetches: the refused token dropped first, then read, and read again
+        after each wait for another process's fetch."""
+        identity, store = self._identity, self._store
+        if refused is not None:
+            await self._call(lambda: store.discard(identity, refused))
+        found = await self._read(takes)
+        if found is not None:
+            return found
+        waited_on: list[str] = []  # holders whose fetch this process waited for
+        while True:
+            lock.sent = True
+            holder = await self._call(lambda: store.lock(identity, owner, self.lock_ttl))
+            if holder is None:
+                break
+            lock.sent = False
+            await self._learn_failure(waited_on, holder)
+            if holder not in waited_on:
+                waited_on.append(holder)
+            # Jittered, so waiters that began together do not poll together. The
+            # wait is bounded by the fetch's own deadline (TokenManager._fly).
+            await asyncio.sleep(random.uniform(STORE_POLL_MIN, STORE_POLL_MAX))
+            found = await self._read(takes)
+            if found is not None:
+                return found
+        # Ours now. Whoever held it before either failed, and this process learns why
+        # rather than trying again at once, or wrote a token that landed between the read
+        # and the lock.
+        await self._learn_failure(waited_on, None)
+        return await self._read(takes)
 
     async def _read(
         self, takes: Callable[[StoredToken, Origin], bool]

@@ -12,6 +12,8 @@ command the store runs: each is said with its fix (see docs/managed-redis.md).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
@@ -85,57 +87,91 @@ def _tls_fault(exc: BaseException) -> bool:
     return "ssl" in text or "certificate" in text or "tls" in text
 
 
+@dataclass(frozen=True, slots=True)
+class _Fault:
+    """A store failure, as the advice rules read it."""
+
+    exc: BaseException
+    text: str
+    clustered: bool
+    tls: bool
+
+    def of(self, *kinds: type[BaseException]) -> bool:
+        return isinstance(self.exc, kinds)
+
+    def says(self, *words: str) -> bool:
+        lowered = self.text.lower()
+        return any(word in lowered for word in words)
+
+
+# The advice for each cause, the first that applies: (when, what to say). ``{needs}`` is
+# the ACL the store needs (a cluster's has more).
+_ADVICE: tuple[tuple[Callable[[_Fault], bool], str], ...] = (
+    (
+        lambda fault: (
+            fault.of(redis_errors.MovedError, redis_errors.AskError) and not fault.clustered
+        ),
+        "this Redis is a node of a Redis Cluster: name it with a redis+cluster:// "
+        "(rediss+cluster:// for TLS) URL, or give the store a RedisCluster",
+    ),
+    (
+        # redis-py says so too when the ACL refuses CLUSTER SLOTS.
+        lambda fault: fault.says("cluster mode is not enabled", "cluster support disabled"),
+        "this Redis is not a cluster: name it with a redis:// (rediss://) URL; or, if it "
+        f"is one, its user may not discover it: its ACL needs {ACL_CLUSTER_EXTRA}",
+    ),
+    (
+        # NOPERM; or, for a command inside a script, a plain error saying so.
+        lambda fault: (
+            fault.of(redis_errors.NoPermissionError) or fault.says("can't run this command")
+        ),
+        "the Redis user may not run a command the store needs: its ACL needs ~<prefix>:* {needs}",
+    ),
+    (
+        lambda fault: (
+            fault.of(redis_errors.AuthenticationError) or fault.says("username-password")
+        ),
+        "Redis refused the user name or password of the URL (or credential_provider)",
+    ),
+    (
+        lambda fault: _read_only(fault.exc),
+        "this Redis is a replica, even on a fresh connection: name the primary "
+        "endpoint, or the Sentinels with redis+sentinel://",
+    ),
+    (
+        lambda fault: fault.of(redis_errors.ConnectionError) and _tls_fault(fault.exc),
+        "TLS failed: with a private CA, add ?ssl_ca_certs=/path/to/ca.pem to the URL "
+        "(and ssl_certfile=, ssl_keyfile= if Redis asks for a client certificate); "
+        "a server without TLS wants redis://, not rediss://",
+    ),
+    (
+        lambda fault: (
+            fault.of(redis_errors.ConnectionError)
+            and not fault.tls
+            and fault.says("reset by peer", "closed by server")
+        ),
+        "the server closed the connection: if it expects TLS, use rediss://",
+    ),
+    (
+        lambda fault: fault.of(redis_errors.ClusterError) and "TTL exhausted" in fault.text,
+        "a slot of the cluster was moving (a resharding, a failover), longer than the "
+        "call's timeout: this passes once the move is done",
+    ),
+    (
+        lambda fault: type(fault.exc).__name__ == "MasterNotFoundError",
+        "no Sentinel named a primary that answers for that service: check the service "
+        "name and that the Sentinels can be reached; during a failover, this passes "
+        "once a replica is promoted",
+    ),
+)
+
+
 def explain(exc: BaseException, *, clustered: bool, tls: bool) -> str | None:
     """The cause of a store failure and its fix, in words; ``None`` when there is no more
     to say than redis-py's message (Redis down, a timeout)."""
-    text = str(exc)
-    lowered = text.lower()
-    if isinstance(exc, (redis_errors.MovedError, redis_errors.AskError)) and not clustered:
-        return (
-            "this Redis is a node of a Redis Cluster: name it with a redis+cluster:// "
-            "(rediss+cluster:// for TLS) URL, or give the store a RedisCluster"
-        )
-    if "cluster mode is not enabled" in lowered or "cluster support disabled" in lowered:
-        # redis-py says so too when the ACL refuses CLUSTER SLOTS.
-        return (
-            "this Redis is not a cluster: name it with a redis:// (rediss://) URL; or, if it "
-            f"is one, its user may not discover it: its ACL needs {ACL_CLUSTER_EXTRA}"
-        )
-    if isinstance(exc, redis_errors.NoPermissionError) or "can't run this command" in lowered:
-        # NOPERM; or, for a command inside a script, a plain error saying so.
-        needs = ACL_CLUSTER_COMMANDS if clustered else ACL_COMMANDS
-        return (
-            "the Redis user may not run a command the store needs: its ACL needs "
-            f"~<prefix>:* {needs}"
-        )
-    if isinstance(exc, redis_errors.AuthenticationError) or "username-password" in lowered:
-        return "Redis refused the user name or password of the URL (or credential_provider)"
-    if _read_only(exc):
-        return (
-            "this Redis is a replica, even on a fresh connection: name the primary "
-            "endpoint, or the Sentinels with redis+sentinel://"
-        )
-    if isinstance(exc, redis_errors.ConnectionError) and _tls_fault(exc):
-        return (
-            "TLS failed: with a private CA, add ?ssl_ca_certs=/path/to/ca.pem to the URL "
-            "(and ssl_certfile=, ssl_keyfile= if Redis asks for a client certificate); "
-            "a server without TLS wants redis://, not rediss://"
-        )
-    if (
-        isinstance(exc, redis_errors.ConnectionError)
-        and not tls
-        and ("reset by peer" in lowered or "closed by server" in lowered)
-    ):
-        return "the server closed the connection: if it expects TLS, use rediss://"
-    if isinstance(exc, redis_errors.ClusterError) and "TTL exhausted" in text:
-        return (
-            "a slot of the cluster was moving (a resharding, a failover), longer than the "
-            "call's timeout: this passes once the move is done"
-        )
-    if type(exc).__name__ == "MasterNotFoundError":
-        return (
-            "no Sentinel named a primary that answers for that service: check the service "
-            "name and that the Sentinels can be reached; during a failover, this passes "
-            "once a replica is promoted"
-        )
+    fault = _Fault(exc, str(exc), clustered, tls)
+    needs = ACL_CLUSTER_COMMANDS if clustered else ACL_COMMANDS
+    for applies, advice in _ADVICE:
+        if applies(fault):
+            return advice.replace("{needs}", needs)
     return None

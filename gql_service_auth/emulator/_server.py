@@ -502,14 +502,7 @@ class Emulator:
 
     async def _token(self, request: web.Request) -> web.StreamResponse:
         self.counters.token_requests += 1
-        # Re-read the end of an outage while held, so a call that ends or extends it (from
-        # any thread, hence polling rather than an asyncio.Event) applies to the requests it
-        # already holds.
-        for _ in range(100_000_000):  # bounded; the end of the outage ends it first
-            frozen = self._token_frozen_until - time.monotonic()
-            if frozen <= 0:
-                break
-            await asyncio.sleep(min(frozen, 0.02))
+        await self._held_by_outage()
         if self.token_latency:
             await asyncio.sleep(self.token_latency)
         form: dict[str, str] | None = None
@@ -527,16 +520,10 @@ class Emulator:
             return self._oauth_error(
                 400, "unsupported_grant_type", "only client_credentials is supported"
             )
-        client_id, client_secret, error = self._client_auth(request, form)
-        if error is not None:
-            return error
-        client = self.clients.get(client_id or "")
-        if (
-            client is None
-            or client_secret is None
-            or not hmac.compare_digest(client.client_secret.encode(), client_secret.encode())
-        ):
-            return self._oauth_error(401, "invalid_client", "client authentication failed")
+        client, refusal = self._authenticated(request, form)
+        if refusal is not None:
+            return refusal
+        assert client is not None
         scope = form.get("scope")
         if scope and client.scopes is not None and not set(scope.split()) <= client.scopes:
             return self._oauth_error(400, "invalid_scope", "scope not allowed for this client")
@@ -544,6 +531,35 @@ class Emulator:
         if self.token_body_delay:
             return await self._send_in_halves(request, issued)
         return issued
+
+    async def _held_by_outage(self) -> None:
+        """Hold a token request until the token endpoint's outage ends.
+
+        The end is re-read while held, so a call that ends or extends the outage (from any
+        thread, hence polling rather than an asyncio.Event) applies to the requests it
+        already holds.
+        """
+        for _ in range(100_000_000):  # bounded; the end of the outage ends it first
+            frozen = self._token_frozen_until - time.monotonic()
+            if frozen <= 0:
+                return
+            await asyncio.sleep(min(frozen, 0.02))
+
+    def _authenticated(
+        self, request: web.Request, form: Mapping[str, str]
+    ) -> tuple[ClientRecord | None, web.Response | None]:
+        """The client a token request authenticates as, or the response refusing it."""
+        client_id, client_secret, error = self._client_auth(request, form)
+        if error is not None:
+            return None, error
+        client = self.clients.get(client_id or "")
+        if (
+            client is None
+            or client_secret is None
+            or not hmac.compare_digest(client.client_secret.encode(), client_secret.encode())
+        ):
+            return None, self._oauth_error(401, "invalid_client", "client authentication failed")
+        return client, None
 
     async def _send_in_halves(
         self, request: web.Request, response: web.Response
