@@ -32,7 +32,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping
 from ssl import SSLContext
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
@@ -51,23 +51,57 @@ from ._stacks.http_auth import (
     oauth2_call,
     oauth2_call_async,
 )
-from ._stacks.options import oauth2_settings, token_options
+from ._stacks.options import TokenOptions, oauth2_settings, token_options
 from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts
 
-if TYPE_CHECKING:
-    if sys.version_info >= (3, 11):
-        pass
-    else:
-        pass
+# At run time: typing.get_type_hints() of the constructors resolves Unpack.
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:
+    from typing_extensions import Unpack
 
 __all__ = [
     "ApiKeyAuth",
     "ApiKeyHTTPXAsyncTransport",
     "ApiKeyHTTPXTransport",
+    "HTTPXClientOptions",
     "OAuth2Auth",
     "OAuth2HTTPXAsyncTransport",
+    "OAuth2HTTPXOptions",
     "OAuth2HTTPXTransport",
 ]
+
+
+class HTTPXClientOptions(TypedDict, total=False):
+    """The keywords gql's HTTPX transports hand to the httpx client (their ``**kwargs``),
+    for type checkers: ``httpx.Client``'s and ``httpx.AsyncClient``'s. ``auth`` must stay
+    ``None``: the transport signs its requests itself."""
+
+    auth: None
+    params: Any
+    headers: Any
+    cookies: Any
+    verify: bool | str | SSLContext
+    cert: Any
+    trust_env: bool
+    http1: bool
+    http2: bool
+    proxy: Any
+    mounts: Any
+    timeout: Any
+    follow_redirects: bool
+    limits: Any
+    max_redirects: int
+    event_hooks: Any
+    base_url: Any
+    transport: Any
+    default_encoding: Any
+
+
+class OAuth2HTTPXOptions(HTTPXClientOptions, TokenOptions, total=False):
+    """The keywords of the OAuth2 HTTPX transports after ``url`` and gql's JSON functions:
+    the client's (:class:`HTTPXClientOptions`) and the token's
+    (:class:`~gql_service_auth.TokenOptions`)."""
 
 
 def _client_args(url: object, kwargs: dict[str, Any], allow: bool) -> None:
@@ -114,8 +148,9 @@ class _ApiKeySettings(ApiKeyTransportParts, DropsClientInChild):
         client_id: str,
         client_secret: str,
         allow_insecure_http: bool = False,
-        **kwargs: Any,
+        **keywords: Unpack[HTTPXClientOptions],
     ) -> None:
+        kwargs: dict[str, Any] = dict(keywords)
         signer = ApiKeyAuth(
             client_id, client_secret, url=str(url), allow_insecure_http=allow_insecure_http
         )
@@ -142,8 +177,9 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
         token_url: str | URL,
         client_id: str,
         client_secret: str,
-        **kwargs: Any,
+        **keywords: Unpack[OAuth2HTTPXOptions],
     ) -> None:
+        kwargs: dict[str, Any] = dict(keywords)
         options = token_options(kwargs)
         _client_args(url, kwargs, options.get("allow_insecure_http", False))
         inherited: dict[str, Any] = {"trust_env": kwargs.get("trust_env", True)}

@@ -29,7 +29,7 @@ import json
 import sys
 from collections.abc import Callable, Collection, Mapping
 from http.cookiejar import CookieJar
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
@@ -41,16 +41,23 @@ from ._core.fork import DropsClientInChild
 from ._core.redact import forgets_on_error
 from ._stacks.aiohttp_token_session import ssl_of_verify
 from ._stacks.http_auth import api_key_call, check_proxy, oauth2_call
-from ._stacks.options import oauth2_settings, token_options
+from ._stacks.options import TokenOptions, oauth2_settings, token_options
 from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts
 
-if TYPE_CHECKING:
-    if sys.version_info >= (3, 11):
-        pass
-    else:
-        pass
+# At run time: typing.get_type_hints() of the constructors resolves Unpack.
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:
+    from typing_extensions import Unpack
 
-__all__ = ["ApiKeyAuth", "ApiKeyRequestsTransport", "OAuth2Auth", "OAuth2RequestsTransport"]
+__all__ = [
+    "ApiKeyAuth",
+    "ApiKeyRequestsTransport",
+    "OAuth2Auth",
+    "OAuth2RequestsOptions",
+    "OAuth2RequestsTransport",
+    "RequestsOptions",
+]
 
 _RETRY_CODES = RequestsHTTPTransport._default_retry_codes
 
@@ -81,6 +88,27 @@ def _proxy_for(url: object, proxies: object) -> str | None:
         return None
     chosen = select_proxy(str(url), dict(proxies))
     return str(chosen) if chosen else None
+
+
+class RequestsOptions(TypedDict, total=False):
+    """The keywords gql's ``RequestsHTTPTransport`` hands to requests with each request
+    (its ``**kwargs``), for type checkers: those of ``requests.Session.request`` that gql
+    does not set itself."""
+
+    params: Any
+    data: Any
+    files: Any
+    json: Any
+    allow_redirects: bool
+    proxies: Mapping[str, str] | None
+    hooks: Any
+    stream: bool | None
+    cert: str | tuple[str, str] | None
+
+
+class OAuth2RequestsOptions(RequestsOptions, TokenOptions, total=False):
+    """The keywords of :class:`OAuth2RequestsTransport` after gql's named ones: requests'
+    (:class:`RequestsOptions`) and the token's (:class:`~gql_service_auth.TokenOptions`)."""
 
 
 class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, RequestsHTTPTransport):
@@ -128,7 +156,7 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         client_id: str,
         client_secret: str,
         allow_insecure_http: bool = False,
-        **kwargs: Any,
+        **kwargs: Unpack[RequestsOptions],
     ) -> None:
         signer = ApiKeyAuth(
             client_id, client_secret, url=str(url), allow_insecure_http=allow_insecure_http
@@ -235,8 +263,9 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         token_url: str | URL,
         client_id: str,
         client_secret: str,
-        **kwargs: Any,
+        **keywords: Unpack[OAuth2RequestsOptions],
     ) -> None:
+        kwargs: dict[str, Any] = dict(keywords)
         options = token_options(kwargs)
         allow_insecure_http = options.get("allow_insecure_http", False)
         _checked(url, headers, auth, allow_insecure_http, kwargs.get("proxies"))

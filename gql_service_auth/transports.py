@@ -59,7 +59,7 @@ from ._stacks.gql import (
     snapshot,
     subscription_refused,
 )
-from ._stacks.options import TokenOptions, oauth2_settings
+from ._stacks.options import TokenOptions, check_known, oauth2_settings
 
 # At run time: typing.get_type_hints() of the constructors resolves Unpack.
 if sys.version_info >= (3, 11):
@@ -322,20 +322,22 @@ class OAuth2Transport(AuthenticatingTransport):
         client_secret: str,
         **options: Unpack[TokenOptions],
     ) -> None:
-        settings = oauth2_settings(
-            token_url,
-            client_id,
-            client_secret,
-            options,
-            caller=f"{type(self).__name__}.__init__",
-            ssl=ssl,
-            inherited=client_session_args,
-        )
+        caller = f"{type(self).__name__}.__init__"
+        check_known(options, caller)
         super().__init__(
             url, headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
             json_deserialize, client_session_args,
             allow_insecure_http=options.get("allow_insecure_http", False),
         )  # fmt: skip
+        settings = oauth2_settings(
+            token_url,
+            client_id,
+            client_secret,
+            options,
+            caller=caller,
+            ssl=ssl,
+            inherited=client_session_args,
+        )
         rules = settings.rules(url)
         self.token_url = token_url
         self._credentials = rules.credentials

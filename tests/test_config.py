@@ -324,6 +324,12 @@ def test_bad_credentials_are_refused_without_echoing_them(
         ("token_params", {"client_secret": "x"}),
         ("token_store", "redis://127.0.0.1:6379/0"),
         ("retry", 3),
+        ("retry", 0),
+        ("scope", 5),
+        ("scope", ["read", 5]),
+        ("on_event", 5),
+        ("clock", 5.0),
+        ("share_tokens", "no"),
     ],
 )
 @pytest.mark.parametrize("build", OAUTH2_BUILDERS, ids=lambda build: build.__name__)
@@ -347,6 +353,13 @@ def test_a_misspelt_token_keyword_is_a_type_error_naming_it(
     and httpx transports hand other keywords to their client, as gql's do.)"""
     with pytest.raises(TypeError, match=r"__init__\(\) got an unexpected keyword argument 'scop'"):
         build(scop="read")
+
+
+def test_a_misspelt_keyword_is_named_before_any_setting_it_failed_to_give() -> None:
+    """A misspelt ``sign_any_origin`` is the TypeError, not "pass url= or sign_any_origin"."""
+    for auth in (RequestsOAuth2Auth, HTTPXOAuth2Auth):
+        with pytest.raises(TypeError, match="'sign_any_orign'"):
+            auth("https://auth.example.com/oauth2/token", "id", SECRET, sign_any_orign=True)
 
 
 @pytest.mark.parametrize(

@@ -121,9 +121,17 @@ def check_token_store(token_store: object) -> None:
 
 
 def joined_scope(scope: str | Sequence[str] | None) -> str | None:
-    """``scope`` as the token request sends it: one string, space-delimited (RFC 6749 3.3)."""
+    """``scope`` as the token request sends it: one string, space-delimited (RFC 6749 3.3).
+
+    Raises:
+        ConfigurationError: neither a str nor a sequence of str.
+    """
     if scope is None or isinstance(scope, str):
         return scope
+    if not isinstance(scope, Sequence) or not all(isinstance(each, str) for each in scope):
+        raise ConfigurationError(
+            f"scope must be a str or a sequence of str, not {type(scope).__name__}"
+        )
     return " ".join(scope)
 
 

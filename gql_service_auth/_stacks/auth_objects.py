@@ -29,7 +29,7 @@ from .._core.sharing import api_endpoint
 from .._core.token import AccessToken
 from .aiohttp_token_session import ssl_of_verify
 from .http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules, ServiceOrigin
-from .options import OAuth2Settings, TokenOptions, oauth2_settings
+from .options import OAuth2Settings, TokenOptions, check_known, oauth2_settings
 
 # At run time: typing.get_type_hints() of the constructors resolves Unpack.
 if sys.version_info >= (3, 11):
@@ -263,6 +263,8 @@ class OAuth2AuthBase:
         verify: bool | str | SSLContext = True,
         **options: Unpack[TokenOptions],
     ) -> None:
+        caller = f"{type(self).__name__}.__init__"
+        check_known(options, caller)
         self._service = service_origin(
             type(self).__name__,
             url,
@@ -275,7 +277,7 @@ class OAuth2AuthBase:
             client_id,
             client_secret,
             options,
-            caller=f"{type(self).__name__}.__init__",
+            caller=caller,
             ssl=ssl_of_verify(verify),
             verify=verify,
             inherited={"trust_env": True},

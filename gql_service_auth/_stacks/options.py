@@ -122,6 +122,33 @@ def token_options(kwargs: dict[str, Any]) -> TokenOptions:
     return taken  # type: ignore[return-value]  # only TokenOptions' keys were taken
 
 
+def check_known(options: Mapping[str, object], caller: str) -> None:
+    """Refuse a keyword that is no token option, as Python refuses one a function does not
+    take: ``caller`` names the constructor. Checked first, so that a misspelt option is
+    not reported as the setting it failed to give.
+
+    Raises:
+        TypeError: the first such keyword.
+    """
+    for name in options:
+        if name not in TOKEN_OPTIONS:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+
+
+def _check_kinds(options: TokenOptions) -> None:
+    """Refuse options of the wrong kind that nothing else checks when built."""
+    retry = options.get("retry")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigurationError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+    for name in ("on_event", "clock"):
+        value = options.get(name)
+        if value is not None and not callable(value):
+            raise ConfigurationError(f"{name} must be callable, not {type(value).__name__}")
+    share = options.get("share_tokens", True)
+    if not isinstance(share, bool):
+        raise ConfigurationError(f"share_tokens must be a bool, not {type(share).__name__}")
+
+
 def oauth2_settings(
     token_url: str | URL,
     client_id: str,
@@ -147,9 +174,8 @@ def oauth2_settings(
         TypeError: a keyword that is not a token option.
         ConfigurationError: a bad setting; the message names it.
     """
-    unknown = options.keys() - TOKEN_OPTIONS
-    if unknown:
-        raise TypeError(f"{caller}() got an unexpected keyword argument {min(unknown)!r}")
+    check_known(options, caller)
+    _check_kinds(options)
     credentials = ClientCredentials(client_id, client_secret)
     allow_insecure_http = options.get("allow_insecure_http", False)
     check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
@@ -169,9 +195,9 @@ def oauth2_settings(
         default_expires_in=default_expires_in,
         max_renewals=max_renewals,
     )
-    retry = options.get("retry") or RetryPolicy()
-    if not isinstance(retry, RetryPolicy):
-        raise ConfigurationError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+    retry = options.get("retry")
+    if retry is None:
+        retry = RetryPolicy()
     token_store = options.get("token_store")
     check_token_store(token_store)
     emit = Emitter(options.get("on_event"))
