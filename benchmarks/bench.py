@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import _cold
 import _deployments
 import _otel
 import _sharing
@@ -1308,6 +1309,7 @@ async def _run(
             "14 fleets on deployments",
             lambda: _deployments.figure(sizes, _fleet_processes, _fleet_phase),
         ),
+        ("15 cold start", lambda: cold_start(sizes)),
     ]
     for name, step in steps:
         if only is None or name.startswith(only + " "):
@@ -1342,6 +1344,7 @@ def print_table(figures: dict[str, Any]) -> None:
             "14 fleets on deployments",
             lambda figures: _deployments.print_figure(figures["14 fleets on deployments"]),
         ),
+        ("15 cold start", _print_cold_start),
     ):
         if name in figures:
             print()
@@ -1427,6 +1430,28 @@ def _print_footprint(figures: dict[str, Any]) -> None:
         print(f"     import {name:<46} {value:>6.1f} ms")
     for name, value in foot["bytes_per_instance"].items():
         print(f"     one {name:<24} {value:>8} bytes")
+
+
+def cold_start(sizes: Sizes) -> dict[str, Any]:
+    """Figure 15 (see ``_cold.py``): imports and cold one-query processes, per stack."""
+    with lean_server() as server:
+        url, token_url = server.base_url + "/graphql", server.base_url + "/oauth2/token"
+        return _cold.figure(sizes.imports, url, token_url)
+
+
+def _print_cold_start(figures: dict[str, Any]) -> None:
+    print(
+        "15. Cold start, per stack (medians of fresh processes, ms): importing the stack's "
+        "transport beyond gql (goal: ours <= 1.2 x gql's), and a one-query process, "
+        "start to answer (ours fetches a token first)"
+    )
+    for stack, figure in figures["15 cold start"].items():
+        imports, cold = figure["import ms (beyond gql)"], figure["cold one-query process ms"]
+        print(
+            f"     {stack:<9} import gql's {imports['gql']:>6.1f}  ours {imports['ours']:>6.1f}"
+            f"  x{figure['import ratio']:<5}  one query gql's {cold['gql']:>7.1f}"
+            f"  ours {cold['ours']:>7.1f}  x{figure['cold ratio']}"
+        )
 
 
 def _print_scaling(figures: dict[str, Any]) -> None:
@@ -1534,7 +1559,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
     parser.add_argument(
-        "--only", choices=[str(n) for n in range(1, 15)], help="run only this figure's number"
+        "--only", choices=[str(n) for n in range(1, 16)], help="run only this figure's number"
     )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()

@@ -156,6 +156,28 @@ def test_an_adapter_does_import_its_stack_where_the_check_blocks_it() -> None:
     assert done.stdout.strip() == "blocked", done.stdout + done.stderr
 
 
+def test_the_requests_and_httpx_adapters_load_aiohttp_only_for_a_token() -> None:
+    """Importing the requests and httpx modules, and building their OAuth2 transports and
+    auth objects, loads no aiohttp (half of what importing them cost): the token request,
+    which goes through aiohttp on every stack, loads it when a token is first fetched."""
+    program = """
+import sys
+import gql_service_auth.requests as r, gql_service_auth.httpx as h
+token_url = "https://auth.example.com/oauth2/token"
+r.OAuth2RequestsTransport("https://api.example.com/graphql", token_url=token_url,
+                          client_id="id", client_secret="secret")
+h.OAuth2HTTPXTransport("https://api.example.com/graphql", token_url=token_url,
+                       client_id="id", client_secret="secret")
+h.OAuth2Auth(token_url, "id", "secret", url="https://api.example.com/graphql")
+print(sorted(name for name in sys.modules if name.split(".")[0] == "aiohttp"))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_the_page_lists_every_module_of_the_core_and_the_stores() -> None:
     """A module added to ``_core/`` or ``_stores/`` is on the page, so the check above
     imports it too."""

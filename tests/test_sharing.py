@@ -348,6 +348,20 @@ def test_a_netrc_for_other_hosts_does_not_stop_sharing(
     assert live_emulator.counters.token_requests == 1
 
 
+def test_a_netrc_that_cannot_be_decoded_is_none_and_builds_a_transport(
+    live_emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A .netrc of bytes no text encoding reads holds no entry: the transport is built and
+    its token request goes directly; building one raised UnicodeDecodeError."""
+    netrc = tmp_path / "netrc"
+    netrc.write_bytes(b"\xff\xfe machine 127.0.0.1 login x password y\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    transport = OAuth2RequestsTransport.from_env(live_emulator.environ(), retry=NO_WAIT)
+    with Client(transport=transport) as session:
+        session.execute(COUNT)
+    assert live_emulator.counters.token_requests == 1
+
+
 def test_every_transport_sharing_a_token_hears_its_events_once(
     live_emulator: Emulator, caplog: pytest.LogCaptureFixture
 ) -> None:

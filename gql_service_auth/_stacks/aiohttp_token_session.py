@@ -23,11 +23,9 @@ import ssl
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from ssl import SSLContext
-from typing import Any, Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, TypedDict
 from urllib.request import getproxies, proxy_bypass
 
-import aiohttp
-from aiohttp.client_reqrep import Fingerprint
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -38,8 +36,14 @@ from .._core.oauth2 import FormAnswer, secrets_sent
 from .._core.redact import redact_chain, redact_text
 from .._core.sharing import Same
 
-# Imported for what it does: it registers how aiohttp errors are scrubbed.
-from . import aiohttp_redact  # noqa: F401
+# aiohttp is imported when a token is first fetched, not with this module: the requests
+# and httpx adapters import it, and aiohttp is about half of what importing them costs.
+# At run time, typing.get_type_hints() of TokenSessionArgs reads its aiohttp types as Any.
+if TYPE_CHECKING:
+    from aiohttp import BaseConnector, BasicAuth, TraceConfig
+    from aiohttp.client_reqrep import Fingerprint
+else:
+    BaseConnector = BasicAuth = TraceConfig = Fingerprint = Any
 
 
 class TokenSessionArgs(TypedDict, total=False):
@@ -62,9 +66,9 @@ class TokenSessionArgs(TypedDict, total=False):
 
     trust_env: bool
     proxy: str | URL | None
-    proxy_auth: aiohttp.BasicAuth | None
-    connector: Callable[[], aiohttp.BaseConnector]
-    trace_configs: list[aiohttp.TraceConfig] | None
+    proxy_auth: BasicAuth | None
+    connector: Callable[[], BaseConnector]
+    trace_configs: list[TraceConfig] | None
     read_bufsize: int
     max_line_size: int
     max_field_size: int
@@ -117,7 +121,7 @@ class TokenSession:
 
     trust_env: bool = False
     proxy: URL | None = None
-    connector: Callable[[], aiohttp.BaseConnector] | None = None
+    connector: Callable[[], BaseConnector] | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     allow_insecure_http: bool = False
 
@@ -165,7 +169,7 @@ class TokenSession:
             self.allow_insecure_http,
         )
 
-    def make_connector(self) -> aiohttp.BaseConnector | None:
+    def make_connector(self) -> BaseConnector | None:
         """A new connector for one fetch, on the running loop; ``None`` for aiohttp's own.
 
         Raises:
@@ -183,6 +187,8 @@ class TokenSession:
             raise TokenRequestError(
                 f"token_session_args['connector'] raised {type(exc).__name__}", hint=hint
             ) from exc
+        import aiohttp
+
         if not isinstance(connector, aiohttp.BaseConnector):
             raise TokenRequestError(
                 f"token_session_args['connector'] returned {type(connector).__name__}", hint=hint
@@ -345,13 +351,14 @@ def _environment(url: str | URL) -> tuple[str | None, str | None]:
 
 
 def _netrc_entry(host: str | None) -> str | None:
-    # Read as aiohttp reads it (NETRC, else ~/.netrc); unreadable or malformed: none.
+    # Read as aiohttp reads it (NETRC, else ~/.netrc); unreadable or malformed (not in the
+    # locale's encoding included): none.
     path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
     if host is None or not os.path.exists(path):
         return None
     try:
         entry = netrc.netrc(path).authenticators(host)
-    except (OSError, netrc.NetrcParseError):
+    except (OSError, ValueError, netrc.NetrcParseError):
         return None
     return None if entry is None else hashlib.sha256(repr(entry).encode()).hexdigest()
 
@@ -380,6 +387,8 @@ def _check_keys(args: Mapping[str, Any]) -> None:
 
 def _check_values(args: Mapping[str, Any]) -> None:
     connector = args.get("connector")
+    import aiohttp
+
     if isinstance(connector, aiohttp.BaseConnector) or (
         "connector" in args and not callable(connector)
     ):
@@ -435,6 +444,8 @@ def _proxy(value: object, name: str, auth: object, source: str) -> URL | None:
             "(SOCKS), pass a connector factory in token_session_args['connector']"
         )
     if auth is not None:
+        import aiohttp
+
         if not isinstance(auth, aiohttp.BasicAuth):
             raise ConfigurationError(f"{source}['proxy_auth'] must be an aiohttp.BasicAuth")
         # In the URL rather than as aiohttp's proxy_auth, which aiohttp 3.14 deprecates;
@@ -503,6 +514,11 @@ class AiohttpFormPoster:
     async def __call__(
         self, url: str | URL, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
     ) -> FormAnswer:
+        import aiohttp
+
+        # Imported for what it does: it registers how aiohttp errors are scrubbed.
+        from . import aiohttp_redact  # noqa: F401
+
         settings = self._session
         settings.check_environment(url)
         try:

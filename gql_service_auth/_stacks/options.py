@@ -12,9 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from ssl import SSLContext
-from typing import Any, Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, TypedDict
 
-from aiohttp.client_reqrep import Fingerprint
 from yarl import URL
 
 from .._core.config import check_url
@@ -39,6 +38,9 @@ from .._core.tokens import TokenManager
 from .._stores.protocol import TokenStore
 from .aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
 from .http_auth import InsecureOrigins, OAuth2Rules
+
+if TYPE_CHECKING:
+    from aiohttp.client_reqrep import Fingerprint
 
 
 class TokenOptions(TypedDict, total=False):
