@@ -32,6 +32,7 @@ from yarl import URL
 from ._core.credentials import ClientCredentials
 from ._core.errors import UnauthenticatedError
 from ._core.flow import NeedToken, Sent, drive_async, renewal_flow
+from ._core.ledger import NotNow
 from ._core.redact import clear_locals, forgets_on_error
 from ._core.refusal import RequestFacts, is_refusal
 from ._core.settings import api_key_env, oauth2_env
@@ -529,7 +530,7 @@ class OAuth2Transport(AuthenticatingTransport):
         outcome = await drive_async(flow, get_token=self._get, send=send, sleep=sleep)
         return settled(outcome, self._tokens.refusal_answer, self._secrets)
 
-    def _get(self, need: NeedToken) -> Awaitable[AccessToken]:
+    def _get(self, need: NeedToken) -> Awaitable[AccessToken | NotNow]:
         return self._tokens.get(min_ttl=need.min_ttl, after=need.newer_than)
 
     async def subscribe(

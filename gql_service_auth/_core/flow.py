@@ -3,8 +3,8 @@
 :func:`renewal_flow` decides; a driver does what it says. It yields a command and is sent
 the reply:
 
-- :class:`NeedToken` -> an ``AccessToken``, or the ``RenewalPaused`` / ``RenewalSpent``
-  signal of the token manager, as a value;
+- :class:`NeedToken` -> an ``AccessToken``, or what the token manager hands out instead
+  (``RenewalPaused``, ``RenewalSpent``: values, as it returns them);
 - :class:`Send` -> :class:`Sent`, the answer to the request sent with that token;
 - :class:`Wait` -> ``None``, once the seconds have passed.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
 from .events import AuthEvent
-from .ledger import RenewalPaused, RenewalSpent
+from .ledger import NotNow, RenewalPaused, RenewalSpent
 from .refusal import (
     REFUSED_AGAIN_WHILE_RUNNING,
     Action,
@@ -233,7 +233,7 @@ _Flow = Generator[Command, object, Outcome[_R]]
 async def drive_async(
     flow: _Flow[_R],
     *,
-    get_token: Callable[[NeedToken], Awaitable[AccessToken]],
+    get_token: Callable[[NeedToken], Awaitable[AccessToken | NotNow]],
     send: Callable[[AccessToken], Awaitable[Sent[_R]]],
     sleep: Callable[[float], Awaitable[object]],
 ) -> Outcome[_R]:
@@ -248,10 +248,7 @@ async def drive_async(
             if isinstance(command, Send):
                 reply = await send(command.token)
             elif isinstance(command, NeedToken):
-                try:
-                    reply = await get_token(command)
-                except (RenewalPaused, RenewalSpent) as signal:
-                    reply = signal
+                reply = await get_token(command)
             else:
                 await sleep(command.seconds)
                 reply = None
@@ -262,7 +259,7 @@ async def drive_async(
 def drive_sync(
     flow: _Flow[_R],
     *,
-    get_token: Callable[[NeedToken], AccessToken],
+    get_token: Callable[[NeedToken], AccessToken | NotNow],
     send: Callable[[AccessToken], Sent[_R]],
     sleep: Callable[[float], object],
 ) -> Outcome[_R]:
@@ -277,10 +274,7 @@ def drive_sync(
             if isinstance(command, Send):
                 reply = send(command.token)
             elif isinstance(command, NeedToken):
-                try:
-                    reply = get_token(command)
-                except (RenewalPaused, RenewalSpent) as signal:
-                    reply = signal
+                reply = get_token(command)
             else:
                 sleep(command.seconds)
                 reply = None

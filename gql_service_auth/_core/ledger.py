@@ -21,27 +21,33 @@ _RECENT = 4
 """Generations whose request times and origins are kept: those a refusal may name."""
 
 
-class RenewalSpent(Exception):
-    """The renewal that followed the refused token was itself refused.
+@dataclass(frozen=True, slots=True)
+class RenewalSpent:
+    """The renewal that followed the refused token was itself refused: no token now.
 
-    Raised by ``TokenManager.get`` with ``after=``: many requests refused with one token
+    What ``TokenManager.get`` returns with ``after=``: many requests refused with one token
     share one renewal (a wave), and once that renewal is refused too, fetching another for
     each late request is what stampedes an identity provider.
     """
 
 
-class RenewalPaused(Exception):
-    """Fresh tokens keep being refused, and renewals are paused for a while.
+@dataclass(frozen=True, slots=True)
+class RenewalPaused:
+    """Fresh tokens keep being refused, and renewals are paused for a while: no token now.
+
+    What ``TokenManager.get`` returns then, rather than fetching.
 
     Attributes:
         remaining: Seconds until renewals resume.
         refusals: Consecutive tokens refused before any answer accepted them.
     """
 
-    def __init__(self, remaining: float, refusals: int) -> None:
-        super().__init__(f"renewals paused for {remaining:.1f} s")
-        self.remaining = remaining
-        self.refusals = refusals
+    remaining: float
+    refusals: int
+
+
+NotNow = RenewalSpent | RenewalPaused
+"""Why ``TokenManager.get`` hands out no token now: values, not exceptions."""
 
 
 @dataclass(frozen=True, slots=True, repr=False)

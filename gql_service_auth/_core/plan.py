@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ledger import Refusals
+from .ledger import Refusals, RenewalPaused, RenewalSpent
 from .token import AccessToken
 
 
@@ -66,29 +66,16 @@ class TakeOff:
 
 
 @dataclass(frozen=True, slots=True)
-class Spent:
-    """The renewal after the refused token was refused too: no fetch for this caller."""
-
-
-@dataclass(frozen=True, slots=True)
-class Paused:
-    """Renewals are paused for ``seconds`` after ``refusals`` refused fresh tokens."""
-
-    seconds: float
-    refusals: int
-
-
-@dataclass(frozen=True, slots=True)
 class Fail:
     """The fetch's error stands: no usable token is left."""
 
 
-Plan = Use | Join | TakeOff | Spent | Paused
-"""What a caller asking for a token does first."""
+Plan = Use | Join | TakeOff | RenewalSpent | RenewalPaused
+"""What a caller asking for a token does first: the last two are what it gets, no token."""
 
 JOIN = Join()
 TAKE_OFF = TakeOff()
-SPENT = Spent()
+SPENT = RenewalSpent()
 FAIL = Fail()
 
 
@@ -123,7 +110,7 @@ def plan_get(state: State, *, min_ttl: float, after: int) -> Plan:
     refusals = state.refusals
     remaining = refusals.pause_remaining()
     if refusals.renewing_after_refusal and remaining > 0:
-        return Paused(remaining, refusals.unconfirmed_refusals)
+        return RenewalPaused(remaining, refusals.unconfirmed_refusals)
     return TAKE_OFF
 
 

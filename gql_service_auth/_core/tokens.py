@@ -45,12 +45,10 @@ from .flight import (
     wait_async,
     wait_blocking,
 )
-from .ledger import Pause, Refusals, RenewalFailures, RenewalPaused, RenewalSpent
+from .ledger import NotNow, Pause, Refusals, RenewalFailures, RenewalPaused, RenewalSpent
 from .plan import (
     Fail,
     Join,
-    Paused,
-    Spent,
     State,
     Use,
     plan_after_failure,
@@ -65,7 +63,7 @@ from .token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token
 
 _Slept = TypeVar("_Slept")
 
-_Steps = Generator[Flight, AccessToken, AccessToken]
+_Steps = Generator[Flight, AccessToken, AccessToken | NotNow]
 
 # fmt: off
 _SETTINGS = ("_fetch", "_source", "_refresh_margin", "_default_expires_in", "_fetch_timeout",
@@ -262,8 +260,8 @@ class TokenManager:
         """Seconds until renewals resume after refused fresh tokens; 0 when not paused."""
         return self._refusals.pause_remaining()
 
-    async def get(self, *, min_ttl: float = 0.0, after: int = 0) -> AccessToken:
-        """A token to use now: the cached one while usable, else a new one.
+    async def get(self, *, min_ttl: float = 0.0, after: int = 0) -> AccessToken | NotNow:
+        """A token to use now: the cached one while usable, else a new one; or why not now.
 
         Concurrent callers with no usable token share one fetch, whatever their loop or
         thread, and join a background renewal already under way. A caller that is
@@ -277,11 +275,14 @@ class TokenManager:
             after: The generation of a token the API refused: only a newer token will
                 do, and the renewal after it is shared with every request it refused.
 
+        Returns:
+            The token; or :class:`RenewalSpent`: the renewal after ``after`` was refused
+            too; or :class:`RenewalPaused`: fresh tokens keep being refused, and no fetch
+            is started now (never with ``after=0``, ``min_ttl=0`` and no refusal yet).
+
         Raises:
             TokenRequestError: the fetch failed, and no usable token is left. The next
                 call starts a new fetch.
-            RenewalSpent: the renewal after ``after`` was refused too.
-            RenewalPaused: fresh tokens keep being refused; no fetch is started now.
         """
         steps = self._steps(min_ttl, after)
         try:
@@ -299,7 +300,7 @@ class TokenManager:
             steps.close()
         raise AssertionError("unreachable: a call waits for at most four fetches")
 
-    def get_blocking(self, *, min_ttl: float = 0.0, after: int = 0) -> AccessToken:
+    def get_blocking(self, *, min_ttl: float = 0.0, after: int = 0) -> AccessToken | NotNow:
         """:meth:`get` for code without an event loop: blocks the calling thread.
 
         The same rules, the same single fetch shared with every caller (coroutines and
@@ -325,7 +326,7 @@ class TokenManager:
         """What :meth:`get` decides, as steps: each fetch yielded is waited for by the
         caller's driver, which sends back its token or throws in its error."""
         token = yield from self._get_steps(min_ttl, after)
-        if after and self.standing(token) == "older":
+        if isinstance(token, AccessToken) and after and self.standing(token) == "older":
             # Read from a shared store by a renewal that began before the refusal: the
             # revocation behind the refusal may have covered it too. Renewed once more,
             # now with the refusal known, and shared by every request it refused.
@@ -355,10 +356,8 @@ class TokenManager:
             plan = plan_get(self._state(), min_ttl=min_ttl, after=after)
             if isinstance(plan, Use):
                 return plan.token
-            if isinstance(plan, Spent):
-                raise RenewalSpent
-            if isinstance(plan, Paused):
-                raise RenewalPaused(plan.seconds, plan.refusals)
+            if isinstance(plan, RenewalSpent | RenewalPaused):
+                return plan
             flight = self._flight if isinstance(plan, Join) else self._take_off(self._token)
             assert flight is not None  # a foreground flight always takes off
         try:

@@ -29,7 +29,7 @@ from .._core.errors import (
     UnauthenticatedHTTPError,
 )
 from .._core.flow import Accepted, Outcome, Paused, Refused, Sent
-from .._core.ledger import RenewalPaused
+from .._core.ledger import NotNow, RenewalPaused
 from .._core.redact import clear_locals, redact_chain, redact_text
 from .._core.refusal import (
     BARE_401,
@@ -296,21 +296,24 @@ async def guarded(
 async def first_token(tokens: TokenManager) -> AccessToken:
     """A token for a call that is never re-sent (a stream); fails at once while renewals
     are paused, as the error of the refusals behind the pause (see :func:`paused_error`)."""
-    try:
-        return await tokens.get()
-    except RenewalPaused as signal:
-        error = paused_error(Paused(signal.refusals, signal.remaining), tokens.refusal_answer)
-    raise error  # outside the except block: the signal stays out of the chain
+    return first_of(await tokens.get(), tokens)
 
 
 def first_token_blocking(tokens: TokenManager, min_ttl: float) -> AccessToken:
     """:func:`first_token` for code without an event loop: blocks the calling thread,
     within the fetch's deadline."""
-    try:
-        return tokens.get_blocking(min_ttl=min_ttl)
-    except RenewalPaused as signal:
-        error = paused_error(Paused(signal.refusals, signal.remaining), tokens.refusal_answer)
-    raise error  # outside the except block: the signal stays out of the chain
+    return first_of(tokens.get_blocking(min_ttl=min_ttl), tokens)
+
+
+def first_of(got: AccessToken | NotNow, tokens: TokenManager) -> AccessToken:
+    """A first token, or the error of the refusals that paused renewals.
+
+    Never spent: a first token renews after no refused one (``after=0``).
+    """
+    if isinstance(got, RenewalPaused):
+        raise paused_error(Paused(got.refusals, got.remaining), tokens.refusal_answer)
+    assert isinstance(got, AccessToken), "a first token is never a spent renewal"
+    return got
 
 
 def subscription_refused(

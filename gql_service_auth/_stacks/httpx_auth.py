@@ -26,14 +26,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from .._core.errors import GqlServiceAuthError
-from .._core.flow import NeedToken, Paused, Refused, Send, Sent, renewal_flow
-from .._core.ledger import RenewalPaused, RenewalSpent
+from .._core.flow import NeedToken, Refused, Send, Sent, renewal_flow
+from .._core.ledger import NotNow
 from .._core.redact import REDACTED, SENSITIVE_HEADERS, register
 from .._core.refusal import RequestFacts
 from .._core.token import AccessToken
 from .auth_objects import ApiKeyAuthBase, OAuth2AuthBase
-from .gql import first_token_blocking, paused_error
+from .gql import first_of, first_token_blocking
 from .http_auth import (
     NOT_REFUSED,
     OAuth2Rules,
@@ -83,7 +82,7 @@ class ApiKeyAuth(ApiKeyAuthBase, _Auth):
     def auth_flow(self, request: Request) -> Generator[Request, Response, None]:
         url = request.url
         # Else the caller's own, or another service's: untouched.
-        if "Authorization" not in request.headers and self._signs(url.scheme, url.host, url.port):
+        if not _has_authorization(request) and self._signs(url.scheme, url.host, url.port):
             self._rules.origins.check(url.scheme, url.host)
             request.headers["Authorization"] = self._rules.authorization
         yield request
@@ -132,7 +131,9 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
                 body = response.read() if _reads(response, request, command.token) else None
                 reply = _reply(response, request, command.token, body)
             elif isinstance(command, NeedToken):
-                reply = _signal_or(rules.tokens.get_blocking, command)
+                reply = rules.tokens.get_blocking(
+                    min_ttl=command.min_ttl, after=command.newer_than
+                )
             else:
                 rules.tokens.waits(time.sleep)(command.seconds)
                 reply = None
@@ -170,10 +171,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
                 body = await response.aread() if reads else None
                 reply = _reply(response, request, command.token, body)
             elif isinstance(command, NeedToken):
-                try:
-                    reply = await _get(rules, command.min_ttl, command.newer_than)
-                except (RenewalPaused, RenewalSpent) as signal:
-                    reply = signal
+                reply = await _get(rules, command.min_ttl, command.newer_than)
             else:
                 await rules.tokens.waits(anyio.sleep)(command.seconds)
                 reply = None
@@ -183,7 +181,17 @@ def _ours_to_sign(auth: OAuth2Auth, request: Request) -> bool:
     """Whether ``request`` is the auth's to sign: to its service, without the caller's
     own ``Authorization`` (never replaced nor re-sent)."""
     url = request.url
-    return "Authorization" not in request.headers and auth._signs(url.scheme, url.host, url.port)
+    return not _has_authorization(request) and auth._signs(url.scheme, url.host, url.port)
+
+
+def _has_authorization(request: Request) -> bool:
+    """Whether ``request`` carries an ``Authorization`` header.
+
+    Read from the raw headers: ``in`` would decode every header to find the encoding of
+    the name, and raise and catch a ``KeyError`` when it is absent (every request): work
+    that gql's own transport does not do.
+    """
+    return any(name.lower() == b"authorization" for name, _ in request.headers.raw)
 
 
 def _start(rules: OAuth2Rules, request: Request) -> bool:
@@ -241,7 +249,11 @@ def _reads(response: Response, request: Request, token: AccessToken) -> bool:
 
 def _body(response: Response) -> bool:
     """Whether ``response``'s body is read for a refusal (a stream is not)."""
-    return reads_body(response.headers.get("Content-Type"))
+    # From the raw headers, as in _has_authorization: .get() decodes every header first.
+    for name, value in response.headers.raw:
+        if name.lower() == b"content-type":
+            return reads_body(value.decode("latin-1"))
+    return True
 
 
 def _flow(
@@ -268,14 +280,7 @@ def _told(outcome: object) -> None:
         tell_refused(outcome)
 
 
-def _signal_or(get: Any, need: NeedToken) -> object:
-    try:
-        return get(min_ttl=need.min_ttl, after=need.newer_than)
-    except (RenewalPaused, RenewalSpent) as signal:
-        return signal
-
-
-async def _get(rules: OAuth2Rules, min_ttl: float, after: int) -> AccessToken:
+async def _get(rules: OAuth2Rules, min_ttl: float, after: int) -> AccessToken | NotNow:
     """A token, awaited: on asyncio by the manager's own wait, elsewhere (trio) on a
     worker thread, abandoned if the caller is cancelled (the fetch goes on for others)."""
     try:
@@ -291,12 +296,7 @@ async def _get(rules: OAuth2Rules, min_ttl: float, after: int) -> AccessToken:
 
 
 async def _first_token(rules: OAuth2Rules, min_ttl: float) -> AccessToken:
-    try:
-        return await _get(rules, min_ttl, 0)
-    except RenewalPaused as signal:
-        paused = Paused(signal.refusals, signal.remaining)
-        error: GqlServiceAuthError = paused_error(paused, rules.tokens.refusal_answer)
-    raise error  # outside the except block: the signal stays out of the chain
+    return first_of(await _get(rules, min_ttl, 0), rules.tokens)
 
 
 def _replayable(request: Request) -> bool:

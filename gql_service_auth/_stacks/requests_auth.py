@@ -25,6 +25,7 @@ from requests.structures import CaseInsensitiveDict
 from requests.utils import rewind_body
 
 from .._core.flow import Accepted, NeedToken, Refused, Sent, drive_sync, renewal_flow
+from .._core.ledger import NotNow
 from .._core.redact import REDACTED, SENSITIVE_HEADERS, register
 from .._core.refusal import Answer
 from .._core.token import AccessToken
@@ -148,7 +149,7 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
             answer = _answer(response) if _reads(response, stream) else None
             return Sent(answer or NOT_REFUSED, response)
 
-        def get_token(need: NeedToken) -> AccessToken:
+        def get_token(need: NeedToken) -> AccessToken | NotNow:
             return rules.tokens.get_blocking(min_ttl=need.min_ttl, after=need.newer_than)
 
         outcome = drive_sync(

@@ -25,7 +25,7 @@ from gql_service_auth._core.flow import (
     drive_sync,
     renewal_flow,
 )
-from gql_service_auth._core.ledger import RenewalPaused, RenewalSpent
+from gql_service_auth._core.ledger import NotNow, RenewalPaused, RenewalSpent
 from gql_service_auth._core.refusal import (
     BARE_401,
     REFUSED_AGAIN_WHILE_RUNNING,
@@ -97,7 +97,9 @@ class Service:
         self.sent_with: list[int] = []
         self.waits: list[float] = []
 
-    def get_token(self, need: NeedToken) -> AccessToken:
+    def get_token(self, need: NeedToken) -> AccessToken | NotNow:
+        """The next token of the script: a token, what the manager hands out instead of
+        one (a value), or an error it raises."""
         self.needs.append(need)
         reply = next(self.tokens) if self.tokens is not None else None
         if isinstance(reply, BaseException):
@@ -105,7 +107,7 @@ class Service:
         if reply is None:
             self.ledger.generation += 1
             return token(self.ledger.generation)
-        assert isinstance(reply, AccessToken)
+        assert isinstance(reply, AccessToken | RenewalPaused | RenewalSpent)
         return reply
 
     def send(self, sent_token: AccessToken) -> Sent[str]:

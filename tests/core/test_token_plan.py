@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from gql_service_auth._core.ledger import Refusals
+from gql_service_auth._core.ledger import Refusals, RenewalPaused
 from gql_service_auth._core.plan import (
     FAIL,
     JOIN,
     SPENT,
     TAKE_OFF,
-    Paused,
     State,
     Use,
     plan_after_failure,
@@ -145,9 +144,9 @@ def test_renewals_paused_for_refused_fresh_tokens_fetch_nothing() -> None:
     refusals = Refusals(cooldown=lambda n: 30.0 * n, weighs_provenance=False, clock=clock)
     one = token(1)
     refusals.refused(one, current=one, answer=None)
-    assert plan_get(state(None, generation=1, refusals=refusals), min_ttl=0.0, after=1) == Paused(
-        pytest.approx(30.0), 1
-    )
+    assert plan_get(
+        state(None, generation=1, refusals=refusals), min_ttl=0.0, after=1
+    ) == RenewalPaused(pytest.approx(30.0), 1)
     clock.now = 41.0
     assert plan_get(state(None, generation=1, refusals=refusals), min_ttl=0.0, after=1) == TAKE_OFF
 
