@@ -51,62 +51,32 @@ async def test_api_key_from_env(emulator: Emulator) -> None:
         await session.execute(COUNT)
 
 
-def _aiohttp_transport(**options: Any) -> object:
-    return OAuth2Transport(
-        "https://api.example.com/graphql",
-        token_url="https://auth.example.com/oauth2/token",
-        client_id="id",
-        client_secret=SECRET,
-        **options,
-    )
+_API = "https://api.example.com/graphql"
+_TOKEN = "https://auth.example.com/oauth2/token"
 
 
-def _requests_transport(**options: Any) -> object:
-    return OAuth2RequestsTransport(
-        "https://api.example.com/graphql",
-        token_url="https://auth.example.com/oauth2/token",
-        client_id="id",
-        client_secret=SECRET,
-        **options,
-    )
+def _transport(cls: Callable[..., object]) -> Callable[..., object]:
+    def build(**options: Any) -> object:
+        return cls(_API, token_url=_TOKEN, client_id="id", client_secret=SECRET, **options)
+
+    build.__name__ = cls.__name__
+    return build
 
 
-def _httpx_transport(**options: Any) -> object:
-    return OAuth2HTTPXTransport(
-        "https://api.example.com/graphql",
-        token_url="https://auth.example.com/oauth2/token",
-        client_id="id",
-        client_secret=SECRET,
-        **options,
-    )
+def _auth(cls: Callable[..., object], stack: str) -> Callable[..., object]:
+    def build(**options: Any) -> object:
+        return cls(_TOKEN, "id", SECRET, url=_API, **options)
 
-
-def _requests_auth(**options: Any) -> object:
-    return RequestsOAuth2Auth(
-        "https://auth.example.com/oauth2/token",
-        "id",
-        SECRET,
-        url="https://api.example.com/graphql",
-        **options,
-    )
-
-
-def _httpx_auth(**options: Any) -> object:
-    return HTTPXOAuth2Auth(
-        "https://auth.example.com/oauth2/token",
-        "id",
-        SECRET,
-        url="https://api.example.com/graphql",
-        **options,
-    )
+    build.__name__ = f"{stack} OAuth2Auth"
+    return build
 
 
 OAUTH2_BUILDERS = [
-    _aiohttp_transport,
-    _requests_transport,
-    _httpx_transport,
-    _requests_auth,
-    _httpx_auth,
+    _transport(OAuth2Transport),
+    _transport(OAuth2RequestsTransport),
+    _transport(OAuth2HTTPXTransport),
+    _auth(RequestsOAuth2Auth, "requests"),
+    _auth(HTTPXOAuth2Auth, "httpx"),
 ]
 """Every kind of OAuth2 object, each built with the given token keywords."""
 

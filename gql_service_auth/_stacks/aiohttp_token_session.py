@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 else:
     BaseConnector = BasicAuth = TraceConfig = Fingerprint = Any
 
+SslSetting = SSLContext | bool | Fingerprint
+"""aiohttp's ``ssl``: how the token request verifies the token endpoint."""
+
 
 class TokenSessionArgs(TypedDict, total=False):
     """The aiohttp ``ClientSession`` keywords the token request's session accepts.
@@ -486,7 +489,7 @@ class AiohttpFormPoster:
     def __init__(
         self,
         *,
-        ssl: SSLContext | bool | Fingerprint = True,
+        ssl: SslSetting = True,
         session: TokenSession | None = None,
         verify: object = None,
     ) -> None:

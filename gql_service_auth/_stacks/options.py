@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from ssl import SSLContext
-from typing import TYPE_CHECKING, Any, Final, TypedDict
+from typing import Any, Final, TypedDict
 
 from yarl import URL
 
@@ -36,11 +35,13 @@ from .._core.settings import (
 from .._core.token import Clock
 from .._core.tokens import TokenManager
 from .._stores.protocol import TokenStore
-from .aiohttp_token_session import AiohttpFormPoster, TokenSessionArgs, resolve_token_session
+from .aiohttp_token_session import (
+    AiohttpFormPoster,
+    SslSetting,
+    TokenSessionArgs,
+    resolve_token_session,
+)
 from .http_auth import InsecureOrigins, OAuth2Rules
-
-if TYPE_CHECKING:
-    from aiohttp.client_reqrep import Fingerprint
 
 
 class TokenOptions(TypedDict, total=False):
@@ -158,7 +159,7 @@ def oauth2_settings(
     options: TokenOptions,
     *,
     caller: str,
-    ssl: SSLContext | bool | Fingerprint,
+    ssl: SslSetting,
     verify: object = None,
     inherited: Mapping[str, Any] | None,
     inherited_from: str = "client_session_args",

@@ -4,19 +4,9 @@ thread."""
 from __future__ import annotations
 
 import pytest
+from handfed import token
 
 from gql_service_auth._core.ledger import Refusals, RenewalFailures
-from gql_service_auth._core.token import AccessToken, TokenResponse, access_token
-
-
-def token(generation: int, *, lifetime: float = 100.0, started: float = 0.0) -> AccessToken:
-    return access_token(
-        TokenResponse(f"t{generation}", expires_in=lifetime),
-        started=started,
-        generation=generation,
-        refresh_margin=10.0,
-        default_expires_in=lifetime,
-    )
 
 
 class Clock:

@@ -4,6 +4,7 @@ hand: one test per rule, in the module's order; no thread, no loop, no network."
 from __future__ import annotations
 
 import pytest
+from handfed import token
 
 from gql_service_auth._core.ledger import Refusals, RenewalPaused
 from gql_service_auth._core.plan import (
@@ -19,27 +20,10 @@ from gql_service_auth._core.plan import (
     renews_landed,
 )
 from gql_service_auth._core.provenance import Origin
-from gql_service_auth._core.token import AccessToken, TokenResponse, access_token
+from gql_service_auth._core.token import AccessToken
+from gql_service_auth.emulator import ManualClock
 
 # A token of generation n lives 100 s from 0: renewed from 90, usable until 95.
-
-
-def token(generation: int) -> AccessToken:
-    return access_token(
-        TokenResponse(f"t{generation}", expires_in=100.0),
-        started=0.0,
-        generation=generation,
-        refresh_margin=10.0,
-        default_expires_in=100.0,
-    )
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def state(
@@ -58,13 +42,13 @@ def state(
         now,
         retry_at,
         refusals
-        or Refusals(cooldown=lambda n: 30.0 * n, weighs_provenance=False, clock=Clock(now)),
+        or Refusals(cooldown=lambda n: 30.0 * n, weighs_provenance=False, clock=ManualClock(now)),
     )
 
 
 def refused_twice(*, loaded_renewal: bool, now: float = 10.0) -> Refusals:
     """Token 1 refused, its renewal (2) landed (read from a store or fetched), then refused."""
-    refusals = Refusals(cooldown=None, weighs_provenance=True, clock=Clock(now))
+    refusals = Refusals(cooldown=None, weighs_provenance=True, clock=ManualClock(now))
     one, two = token(1), token(2)
     refusals.refused(one, current=one, answer=None)
     origin = Origin(requested_at=5.0, replaces=None) if loaded_renewal else None
@@ -140,14 +124,14 @@ def test_the_request_refused_with_the_latest_token_renews() -> None:
 
 
 def test_renewals_paused_for_refused_fresh_tokens_fetch_nothing() -> None:
-    clock = Clock(10.0)
+    clock = ManualClock(10.0)
     refusals = Refusals(cooldown=lambda n: 30.0 * n, weighs_provenance=False, clock=clock)
     one = token(1)
     refusals.refused(one, current=one, answer=None)
     assert plan_get(
         state(None, generation=1, refusals=refusals), min_ttl=0.0, after=1
     ) == RenewalPaused(pytest.approx(30.0), 1)
-    clock.now = 41.0
+    clock.advance(31.0)
     assert plan_get(state(None, generation=1, refusals=refusals), min_ttl=0.0, after=1) == TAKE_OFF
 
 
