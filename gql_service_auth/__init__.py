@@ -1,5 +1,6 @@
 """Authenticating gql transports for the service: API key and OAuth 2.0 client credentials."""
 
+import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
 
 # The re-exports are imported on first use (PEP 562). Importing any submodule runs this
 # file first, and pytest imports one of them, the plugin, in every run once the package
-# is installed: gql and aiohttp (about 400 ms) must wait until a name is used. The first
-# use imports them all, so that the module then looks as if imported eagerly.
+# is installed: gql and aiohttp (about 400 ms) must wait until a name is used. A name
+# imports its own module only: `from gql_service_auth import ConfigurationError` in a
+# requests or httpx application loads no aiohttp.
 _HOMES: dict[str, str] = {
     "AIOHTTPTransportOptions": "transports",
     "AccessToken": "_core.token",
@@ -60,12 +62,21 @@ _HOMES: dict[str, str] = {
 }
 
 
+_FIRST_USE = threading.RLock()
+
+
 def __getattr__(name: str) -> object:
-    if name in _HOMES:
+    home = _HOMES.get(name)
+    if home is not None:
         from importlib import import_module
 
-        for public, home in _HOMES.items():
-            globals()[public] = getattr(import_module(f".{home}", __name__), public)
+        # One first use at a time: threads importing different modules at once can each
+        # find the other's half-imported (gql's modules import one another).
+        with _FIRST_USE:
+            module = import_module(f".{home}", __name__)
+            for public, where in _HOMES.items():
+                if where == home:
+                    globals()[public] = getattr(module, public)
         return globals()[name]
     # Resolved on first use, as stamina does: importlib.metadata costs ~6 ms at import.
     if name == "__version__":

@@ -157,12 +157,14 @@ def test_an_adapter_does_import_its_stack_where_the_check_blocks_it() -> None:
 
 
 def test_the_requests_and_httpx_adapters_load_aiohttp_only_for_a_token() -> None:
-    """Importing the requests and httpx modules, and building their OAuth2 transports and
-    auth objects, loads no aiohttp (half of what importing them cost): the token request,
-    which goes through aiohttp on every stack, loads it when a token is first fetched."""
+    """Importing the requests and httpx modules (and the package's errors and options from
+    its top level), and building their OAuth2 transports and auth objects, loads no
+    aiohttp (half of what importing them cost): the token request, which goes through
+    aiohttp on every stack, loads it when a token is first fetched."""
     program = """
 import sys
 import gql_service_auth.requests as r, gql_service_auth.httpx as h
+from gql_service_auth import ConfigurationError, RetryPolicy, TokenOptions, UnauthenticatedError
 token_url = "https://auth.example.com/oauth2/token"
 r.OAuth2RequestsTransport("https://api.example.com/graphql", token_url=token_url,
                           client_id="id", client_secret="secret")

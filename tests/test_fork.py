@@ -22,6 +22,7 @@ from support import (
     ANSWER,
     CHILD_PRELUDE,
     COUNT,
+    HANG_GUARD,
     KINDS,
     bare_401s,
     blocking_execute,
@@ -238,3 +239,61 @@ store.close()
     )
     print(done.stdout, done.stderr)
     assert "connections closed 1" in done.stdout  # the child's own; the parent's is left
+
+
+FORK_DURING_THE_FIRST_FETCH = """
+import importlib.abc, os, sys, threading, time
+importing = threading.Event()
+
+class SlowAiohttp(importlib.abc.MetaPathFinder):
+    # aiohttp takes tens of ms to import; here 0.5 s, so that the fork lands inside it.
+    def find_spec(self, name, path, target=None):
+        if name == "aiohttp.client":
+            importing.set()
+            time.sleep(0.5)
+        return None
+
+sys.meta_path.insert(0, SlowAiohttp())
+from gql import Client, gql
+from gql_service_auth.requests import OAuth2RequestsTransport
+
+COUNT = gql("query { carriers(first: 1) { totalCount } }")
+
+def query():
+    Client(transport=OAuth2RequestsTransport.from_env(share_tokens=False)).execute(COUNT)
+
+first = threading.Thread(target=query, daemon=True)
+first.start()  # its token fetch imports aiohttp on the fetch's own thread
+assert importing.wait(30)
+pid = os.fork()
+if pid == 0:
+    try:
+        query()
+    except BaseException as exc:
+        print(f"child: {type(exc).__name__}: {exc}", flush=True)
+        os._exit(1)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+first.join(30)
+print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_fork_while_the_first_fetch_imports_aiohttp_leaves_the_child_whole(
+    live_emulator: Emulator,
+) -> None:
+    """The requests and httpx stacks import aiohttp at their first token fetch, on the
+    fetch's thread: a process forked during that import (a pre-forking server whose
+    master made a query) gets the module whole, and its child fetches tokens."""
+    environ = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    environ.update(live_emulator.environ())
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_DURING_THE_FIRST_FETCH],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        check=False,
+    )
+    assert done.stdout.strip() == "child exited 0", done.stdout + done.stderr

@@ -7,6 +7,8 @@ import base64
 import contextlib
 import json
 import logging
+import subprocess
+import sys
 import urllib.parse
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
@@ -29,6 +31,7 @@ from support import (
     ANSWER,
     CARRIERS,
     COUNT,
+    HANG_GUARD,
     KINDS,
     NO_WAIT,
     ONE_ATTEMPT,
@@ -1152,3 +1155,53 @@ def test_a_redirect_body_quoting_the_credential_shows_nowhere_in_the_chain(
     emulator.fail_graphql_requests(1, 502, body=b"bad gateway")
     error = _failed_call(way, transport)
     assert shown(error, [emulator.recent_client.client_secret, *_sent(emulator)]) == []
+
+
+FRESH_CONSTRUCTORS = """
+import sys
+from gql_service_auth import ConfigurationError
+from gql_service_auth.httpx import OAuth2Auth, OAuth2HTTPXTransport
+from gql_service_auth.requests import OAuth2RequestsTransport
+
+PASSWORD = "fresh-proxy-pw-5f1d9"
+proxy = f"http://user:{PASSWORD}@[::1"
+token_url, url = "https://auth.example.com/oauth2/token", "https://api.example.com/graphql"
+builds = {
+    "requests": lambda: OAuth2RequestsTransport(url, token_url=token_url, client_id="i",
+                                                client_secret="s", token_proxy=proxy),
+    "httpx": lambda: OAuth2HTTPXTransport(url, token_url=token_url, client_id="i",
+                                          client_secret="s", token_proxy=proxy),
+    "httpx auth": lambda: OAuth2Auth(token_url, "i", "s", url=url, token_proxy=proxy),
+}
+found = []
+for name, build in builds.items():
+    try:
+        build()
+    except ConfigurationError as exc:
+        link, seen = exc, set()
+        while link is not None and id(link) not in seen:
+            seen.add(id(link))
+            tb = link.__traceback__
+            while tb is not None:
+                own = tb.tb_frame.f_code.co_filename == "<string>"  # this script's
+                if not own and PASSWORD in repr(tb.tb_frame.f_locals):
+                    found.append(f"{name}: {tb.tb_frame.f_code.co_name}")
+                tb = tb.tb_next
+            link = link.__cause__ or link.__context__
+print("aiohttp loaded" if "aiohttp" in sys.modules else "", found)
+"""
+
+
+def test_a_refused_proxy_leaves_no_password_in_frames_before_any_token_fetch() -> None:
+    """In a process that has fetched no token yet (aiohttp, whose scrubber lists the
+    libraries whose frames are cleared, not loaded), a malformed proxy URL given to a
+    requests or httpx OAuth2 object leaves its password in no frame of the error's chain,
+    yarl's included."""
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_CONSTRUCTORS],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        check=False,
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

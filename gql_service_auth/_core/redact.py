@@ -207,10 +207,14 @@ _LIBRARY_MODULES: tuple[str, ...] = (
     "gql.",
     "gql_service_auth",
     "json",
+    "multidict",
     "tenacity",
+    "yarl",
 )
 """Modules whose frames may hold a request's credentials, and whose locals are cleared;
-each HTTP stack's adapter adds its own (:func:`register`)."""
+each HTTP stack's adapter adds its own (:func:`register`). yarl and multidict from the
+start: every stack parses its URLs (a proxy's, with its password) with them before any
+adapter's scrubber may have registered (aiohttp's does at the first token fetch)."""
 
 
 def clear_locals(exc: BaseException) -> None:

@@ -20,6 +20,7 @@ import hashlib
 import netrc
 import os
 import ssl
+import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from ssl import SSLContext
@@ -517,11 +518,7 @@ class AiohttpFormPoster:
     async def __call__(
         self, url: str | URL, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
     ) -> FormAnswer:
-        import aiohttp
-
-        # Imported for what it does: it registers how aiohttp errors are scrubbed.
-        from . import aiohttp_redact  # noqa: F401
-
+        aiohttp = _aiohttp()
         settings = self._session
         settings.check_environment(url)
         try:
@@ -582,6 +579,37 @@ class AiohttpFormPoster:
                     else "Check token_url and the network; this is retried within RetryPolicy"
                 ),
             ) from exc
+
+
+_AT_FORK = threading.Lock()
+_fork_safe = False
+
+
+def _aiohttp() -> Any:
+    """aiohttp, imported on the first token fetch, its error scrubber registered.
+
+    A process that forks while a fetch's thread is importing it would leave the child a
+    half-initialised aiohttp, which no later import in the child completes: every fetch
+    there would fail. So from the first fetch on, a fork first waits for the import to end
+    (``os.register_at_fork``; importing a module another thread is importing waits for
+    it).
+    """
+    global _fork_safe
+    if not _fork_safe:
+        with _AT_FORK:
+            if not _fork_safe and hasattr(os, "register_at_fork"):
+                os.register_at_fork(before=_import_aiohttp)
+            _fork_safe = True
+    return _import_aiohttp()
+
+
+def _import_aiohttp() -> Any:
+    import aiohttp
+
+    # Imported for what it does: it registers how aiohttp errors are scrubbed.
+    from . import aiohttp_redact  # noqa: F401
+
+    return aiohttp
 
 
 def ssl_of_verify(verify: object, what: str = "verify") -> SSLContext | bool:
