@@ -42,7 +42,7 @@ from ._core.config import check_url
 from ._core.errors import ConfigurationError
 from ._core.fork import DropsClientInChild
 from ._core.redact import forgets_on_error
-from ._stacks.aiohttp_token_session import ssl_of_verify
+from ._stacks.aiohttp_token_post import ssl_of_verify
 from ._stacks.http_auth import (
     OAuth2Rules,
     api_key_call,

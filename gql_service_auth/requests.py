@@ -39,7 +39,7 @@ from ._core.config import check_url
 from ._core.errors import ConfigurationError
 from ._core.fork import DropsClientInChild
 from ._core.redact import forgets_on_error
-from ._stacks.aiohttp_token_session import ssl_of_verify
+from ._stacks.aiohttp_token_post import ssl_of_verify
 from ._stacks.http_auth import api_key_call, check_proxy, oauth2_call
 from ._stacks.options import TokenOptions, oauth2_settings, token_options
 from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts

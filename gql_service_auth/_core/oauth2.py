@@ -2,7 +2,7 @@
 
 The grant builds the request, reads the answer and retries transient failures; sending
 the bytes is left to a :class:`FormPoster`, so another HTTP library can be plugged in
-(the aiohttp one is in ``_stacks/aiohttp_token_session.py``).
+(the aiohttp one is in ``_stacks/aiohttp_token_post.py``).
 """
 
 from __future__ import annotations

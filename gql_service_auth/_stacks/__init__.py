@@ -1,8 +1,9 @@
 """The adapters' private half: each names its stack and does the I/O.
 
-- ``aiohttp``, ``aiohttp_redact``, ``aiohttp_token_session``: gql's aiohttp transport's
-  plumbing (sessions per event loop, uploads per task, fork orphans), where aiohttp's
-  errors keep their records, and the token request's own aiohttp session;
+- ``aiohttp``, ``aiohttp_redact``, ``aiohttp_token_session``, ``aiohttp_token_post``: gql's
+  aiohttp transport's plumbing (sessions per event loop, uploads per task, fork orphans),
+  where aiohttp's errors keep their records, and the token request's own aiohttp session
+  and post (aiohttp imported at the first post);
 - ``options``: the token's keywords, declared once for every OAuth2 class, and the one
   builder that checks them;
 - ``requests_auth``, ``httpx_auth``: the auth hook for requests and the ``httpx.Auth`` flow;

@@ -19,22 +19,16 @@ import base64
 import hashlib
 import netrc
 import os
-import ssl
-import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, Final, TypedDict
 from urllib.request import getproxies, proxy_bypass
 
-from multidict import CIMultiDict
 from yarl import URL
 
 from .._core.config import is_loopback
-from .._core.constants import MAX_TOKEN_RESPONSE_BYTES
 from .._core.errors import ConfigurationError, TokenRequestError
-from .._core.oauth2 import FormAnswer, secrets_sent
-from .._core.redact import redact_chain, redact_text
 from .._core.sharing import Same
 
 # aiohttp is imported when a token is first fetched, not with this module: the requests
@@ -164,7 +158,7 @@ class TokenSession:
         if self.trust_env:
             proxy, entry = _environment(url)
             environment = (proxy if self.proxy is None else None, entry)
-        options = tuple(sorted((key, _hashable(value)) for key, value in self.options.items()))
+        options = tuple(sorted((key, hashable(value)) for key, value in self.options.items()))
         return (
             str(self.proxy) if self.proxy is not None else None,
             environment,
@@ -367,10 +361,10 @@ def _netrc_entry(host: str | None) -> str | None:
     return None if entry is None else hashlib.sha256(repr(entry).encode()).hexdigest()
 
 
-def _hashable(value: object) -> Hashable:
+def hashable(value: object) -> Hashable:
     """``value`` as part of a sharing key: itself if it compares by value, else by identity."""
     if isinstance(value, list | tuple):
-        return tuple(_hashable(each) for each in value)
+        return tuple(hashable(each) for each in value)
     if isinstance(value, str | bytes | int | float | bool | type(None)):
         return value
     return Same(value)
@@ -471,158 +465,3 @@ def _sendable(userinfo: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-class AiohttpFormPoster:
-    """Posts the token request in a short-lived aiohttp session of its own.
-
-    A session of its own keeps the user's default headers, cookies and ``auth`` of the
-    GraphQL session away from the authorization server. One session per fetch costs a
-    connection per token, which is rare, and binds nothing to an event loop between
-    fetches, so tokens can be fetched from any loop or thread.
-
-    Args:
-        ssl: As aiohttp's ``ssl``: the same verification settings as the GraphQL endpoint.
-        session: The session's proxy, ``trust_env``, connector factory and options;
-            ``None`` for aiohttp's defaults (direct, environment ignored).
-    """
-
-    def __init__(
-        self,
-        *,
-        ssl: SslSetting = True,
-        session: TokenSession | None = None,
-        verify: object = None,
-    ) -> None:
-        self._ssl = ssl
-        self._session = session or TokenSession()
-        # A CA bundle's path makes a new SSLContext per transport: the path is what
-        # tells two such posters alike.
-        self._ssl_key = (
-            os.fsdecode(verify) if isinstance(verify, str | bytes | os.PathLike) else None
-        )
-
-    def __repr__(self) -> str:
-        return f"<AiohttpFormPoster {self._session!r}>"
-
-    def sharing_key(self, url: str | URL) -> Hashable:
-        """What makes two posters send a token request to ``url`` alike (see
-        :meth:`TokenSession.sharing_key`); an ``SSLContext`` counts as itself."""
-        ssl_key = self._ssl_key if self._ssl_key is not None else _hashable(self._ssl)
-        return (ssl_key, self._session.sharing_key(url))
-
-    def secrets(self) -> list[str]:
-        """The proxy credentials a request may carry, which an answer may quote back."""
-        return self._session.secrets()
-
-    async def __call__(
-        self, url: str | URL, form: Mapping[str, str], headers: Mapping[str, str], timeout: float
-    ) -> FormAnswer:
-        aiohttp = _aiohttp()
-        settings = self._session
-        settings.check_environment(url)
-        try:
-            async with (
-                aiohttp.ClientSession(
-                    connector=settings.make_connector(),
-                    timeout=aiohttp.ClientTimeout(total=timeout),
-                    trust_env=settings.trust_env,
-                    **settings.options,
-                ) as session,
-                session.post(
-                    url,
-                    data=dict(form),
-                    headers=dict(headers),
-                    ssl=self._ssl,
-                    proxy=settings.proxy,
-                    allow_redirects=False,
-                ) as response,
-            ):
-                # read(n) returns what has arrived so far, which may be a fraction of a
-                # small body: read to the end, stopping once past the cap.
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(16 * 1024):
-                    body += chunk
-                    if len(body) > MAX_TOKEN_RESPONSE_BYTES:
-                        break
-                return FormAnswer(response.status, CIMultiDict(response.headers), bytes(body))
-        except UnicodeEncodeError as exc:
-            # aiohttp encodes proxy credentials as latin-1 (those of HTTP_PROXY with
-            # trust_env; explicit ones were checked when the transport was built), and the
-            # error's arguments hold the whole "user:password" it could not encode.
-            redact_chain(exc)
-            raise TokenRequestError(
-                "could not encode the token request (UnicodeEncodeError)",
-                hint=(
-                    "Proxy credentials (in HTTP_PROXY/HTTPS_PROXY with trust_env, or in "
-                    "~/.netrc) must be latin-1 text, as HTTP Basic sends them"
-                ),
-            ) from exc
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            # aiohttp's records of the request (kept for the chain) hold the Basic header
-            # of client_secret_basic, and a malformed answer may quote what it was sent;
-            # a proxy's error may quote its own credentials.
-            sent = secrets_sent(form, headers) + self.secrets()
-            redact_chain(exc, sent)
-            detail = str(redact_text(str(exc), sent)) or "timed out"
-            del sent
-            proxied = isinstance(
-                exc, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)
-            )
-            raise TokenRequestError(
-                f"could not reach the token endpoint ({type(exc).__name__}: {detail})",
-                retryable=True,
-                hint=(
-                    "Check the token request's proxy (token_proxy, token_session_args, or "
-                    "HTTP_PROXY/HTTPS_PROXY with trust_env) and its credentials"
-                    if proxied
-                    else "Check token_url and the network; this is retried within RetryPolicy"
-                ),
-            ) from exc
-
-
-_AT_FORK = threading.Lock()
-_fork_safe = False
-
-
-def _aiohttp() -> Any:
-    """aiohttp, imported on the first token fetch, its error scrubber registered.
-
-    A process that forks while a fetch's thread is importing it would leave the child a
-    half-initialised aiohttp, which no later import in the child completes: every fetch
-    there would fail. So from the first fetch on, a fork first waits for the import to end
-    (``os.register_at_fork``; importing a module another thread is importing waits for
-    it).
-    """
-    global _fork_safe
-    if not _fork_safe:
-        with _AT_FORK:
-            if not _fork_safe and hasattr(os, "register_at_fork"):
-                os.register_at_fork(before=_import_aiohttp)
-            _fork_safe = True
-    return _import_aiohttp()
-
-
-def _import_aiohttp() -> Any:
-    import aiohttp
-
-    # Imported for what it does: it registers how aiohttp errors are scrubbed.
-    from . import aiohttp_redact  # noqa: F401
-
-    return aiohttp
-
-
-def ssl_of_verify(verify: object, what: str = "verify") -> SSLContext | bool:
-    """requests' and httpx's ``verify`` (a bool, a CA bundle's path, an ``SSLContext``)
-    as aiohttp's ``ssl``, for the token request: it verifies as the GraphQL requests do."""
-    if isinstance(verify, bool | SSLContext):
-        return verify
-    if isinstance(verify, str | bytes | os.PathLike):
-        path = os.fsdecode(verify)
-        if os.path.isdir(path):
-            return ssl.create_default_context(capath=path)
-        return ssl.create_default_context(cafile=path)
-    raise ConfigurationError(
-        f"{what} must be a bool, a CA bundle's path or an ssl.SSLContext, not "
-        f"{type(verify).__name__}"
-    )

@@ -27,7 +27,7 @@ from .._core.redact import forgets_on_error
 from .._core.settings import api_key_env, oauth2_env
 from .._core.sharing import api_endpoint
 from .._core.token import AccessToken
-from .aiohttp_token_session import ssl_of_verify
+from .aiohttp_token_post import ssl_of_verify
 from .http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules, ServiceOrigin
 from .options import OAuth2Settings, TokenOptions, check_known, oauth2_settings
 

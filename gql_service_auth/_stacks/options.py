@@ -35,12 +35,8 @@ from .._core.settings import (
 from .._core.token import Clock
 from .._core.tokens import TokenManager
 from .._stores.protocol import TokenStore
-from .aiohttp_token_session import (
-    AiohttpFormPoster,
-    SslSetting,
-    TokenSessionArgs,
-    resolve_token_session,
-)
+from .aiohttp_token_post import AiohttpFormPoster
+from .aiohttp_token_session import SslSetting, TokenSessionArgs, resolve_token_session
 from .http_auth import InsecureOrigins, OAuth2Rules
 
 
