@@ -1,5 +1,6 @@
 """Authenticating gql transports for the service: API key and OAuth 2.0 client credentials."""
 
+import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,16 @@ _HOMES: dict[str, str] = {
 
 
 _FIRST_USE = threading.RLock()
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held the lock at the fork; it is not in the child.
+    global _FIRST_USE
+    _FIRST_USE = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def __getattr__(name: str) -> object:

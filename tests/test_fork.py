@@ -297,3 +297,45 @@ def test_a_fork_while_the_first_fetch_imports_aiohttp_leaves_the_child_whole(
         check=False,
     )
     assert done.stdout.strip() == "child exited 0", done.stdout + done.stderr
+
+
+FORK_DURING_A_FIRST_USE = """
+import os, signal, sys, threading
+import gql_service_auth
+
+held, release = threading.Event(), threading.Event()
+
+def first_use_in_progress():
+    # What a thread importing a top-level name holds while it imports.
+    with gql_service_auth._FIRST_USE:
+        held.set()
+        release.wait(30)
+
+threading.Thread(target=first_use_in_progress, daemon=True).start()
+assert held.wait(30)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a child stuck on the parent's lock would be killed here
+    from gql_service_auth import ConfigurationError
+    print(ConfigurationError.__name__, flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+release.set()
+print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_during_a_first_use_of_a_name_can_use_names() -> None:
+    """The package imports its top-level names on first use, one at a time under a lock:
+    a child forked while another thread held it (a pre-forking server) uses them too."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_DURING_A_FIRST_USE],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        check=False,
+    )
+    assert done.stdout.split() == ["ConfigurationError", "child", "exited", "0"], (
+        done.stdout + done.stderr
+    )
