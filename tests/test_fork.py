@@ -22,7 +22,6 @@ from support import (
     ANSWER,
     CHILD_PRELUDE,
     COUNT,
-    HANG_GUARD,
     KINDS,
     bare_401s,
     blocking_execute,
@@ -33,6 +32,7 @@ from support import (
     in_child,
     poll,
     renewed,
+    run_python,
     run_script,
     running_proxy,
     start_thread,
@@ -286,16 +286,7 @@ def test_a_fork_while_the_first_fetch_imports_aiohttp_leaves_the_child_whole(
     """The requests and httpx stacks import aiohttp at their first token fetch, on the
     fetch's thread: a process forked during that import (a pre-forking server whose
     master made a query) gets the module whole, and its child fetches tokens."""
-    environ = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    environ.update(live_emulator.environ())
-    done = subprocess.run(
-        [sys.executable, "-c", FORK_DURING_THE_FIRST_FETCH],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-        check=False,
-    )
+    done = run_python(FORK_DURING_THE_FIRST_FETCH, live_emulator.environ())
     assert done.stdout.strip() == "child exited 0", done.stdout + done.stderr
 
 
@@ -329,13 +320,7 @@ print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
 def test_a_child_forked_during_a_first_use_of_a_name_can_use_names() -> None:
     """The package imports its top-level names on first use, one at a time under a lock:
     a child forked while another thread held it (a pre-forking server) uses them too."""
-    done = subprocess.run(
-        [sys.executable, "-c", FORK_DURING_A_FIRST_USE],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-        check=False,
-    )
+    done = run_python(FORK_DURING_A_FIRST_USE)
     assert done.stdout.split() == ["ConfigurationError", "child", "exited", "0"], (
         done.stdout + done.stderr
     )

@@ -7,8 +7,6 @@ import base64
 import contextlib
 import json
 import logging
-import subprocess
-import sys
 import urllib.parse
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
@@ -31,7 +29,6 @@ from support import (
     ANSWER,
     CARRIERS,
     COUNT,
-    HANG_GUARD,
     KINDS,
     NO_WAIT,
     ONE_ATTEMPT,
@@ -42,6 +39,7 @@ from support import (
     exception_chain,
     exception_texts,
     query,
+    run_python,
     running_proxy,
     secrets_shown,
     shown,
@@ -1197,11 +1195,5 @@ def test_a_refused_proxy_leaves_no_password_in_frames_before_any_token_fetch() -
     libraries whose frames are cleared, not loaded), a malformed proxy URL given to a
     requests or httpx OAuth2 object leaves its password in no frame of the error's chain,
     yarl's included."""
-    done = subprocess.run(
-        [sys.executable, "-c", FRESH_CONSTRUCTORS],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-        check=False,
-    )
+    done = run_python(FRESH_CONSTRUCTORS)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
