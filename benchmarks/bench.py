@@ -48,6 +48,7 @@ from gql import Client, gql
 from gql.transport.aiohttp import AIOHTTPTransport
 
 from gql_service_auth import ApiKeyTransport, OAuth2Transport
+from gql_service_auth.aiohttp import ApiKeyMiddleware, OAuth2Middleware
 from gql_service_auth.emulator import Emulator, ManualClock
 
 HERE = Path(__file__).resolve().parent
@@ -218,6 +219,23 @@ def oauth2(url: str, token_url: str, client_id: str, client_secret: str) -> AIOH
     )
 
 
+def our_api_key_middleware(
+    url: str, token_url: str, client_id: str, client_secret: str
+) -> AIOHTTPTransport:
+    """gql's own transport, unchanged, with our API key middleware in its session."""
+    middleware = ApiKeyMiddleware(client_id, client_secret, url=url)
+    return AIOHTTPTransport(url, client_session_args={"middlewares": (middleware,)})
+
+
+def our_oauth2_middleware(
+    url: str, token_url: str, client_id: str, client_secret: str
+) -> AIOHTTPTransport:
+    """gql's own transport, unchanged, with our OAuth2 middleware in its session: what
+    the transport would be if its signer lived inside aiohttp, as on requests and httpx."""
+    middleware = OAuth2Middleware(token_url, client_id, client_secret, url=url, share_tokens=False)
+    return AIOHTTPTransport(url, client_session_args={"middlewares": (middleware,)})
+
+
 def middleware_contender() -> Factory | None:
     """gql's transport with aiohttp-oauth2-client's middleware, at its defaults, if installed."""
     try:
@@ -237,7 +255,7 @@ def middleware_contender() -> Factory | None:
     return build
 
 
-TOKENLESS = ("baseline", "gql, header per request", "api_key")
+TOKENLESS = ("baseline", "gql, header per request", "api_key", "gql + ApiKeyMiddleware")
 """The contenders that never ask for a token: left out of the stampede."""
 
 CLEANUPS: dict[int, Callable[[], Awaitable[None]]] = {}
@@ -1277,6 +1295,8 @@ async def _run(
         "gql, header per request": header_per_request,
         "api_key": api_key,
         "oauth2": oauth2,
+        "gql + ApiKeyMiddleware": our_api_key_middleware,
+        "gql + OAuth2Middleware": our_oauth2_middleware,
     }
     if with_store is not None:
         contenders["oauth2 + RedisTokenStore"] = with_store

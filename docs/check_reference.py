@@ -15,6 +15,7 @@ from pathlib import Path
 
 PUBLIC_MODULES = (
     "gql_service_auth",
+    "gql_service_auth.aiohttp",
     "gql_service_auth.requests",
     "gql_service_auth.httpx",
     "gql_service_auth.redis",

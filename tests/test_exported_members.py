@@ -13,6 +13,7 @@ import typing
 from support import run_python
 
 import gql_service_auth
+import gql_service_auth.aiohttp
 import gql_service_auth.emulator
 from gql_service_auth import (
     ApiKeyTransport,
@@ -22,7 +23,7 @@ from gql_service_auth import (
 
 def test_all_public_names_are_exported() -> None:
     """Every public name of the package is in ``__all__``, and every entry exists."""
-    for module in (gql_service_auth, gql_service_auth.emulator):
+    for module in (gql_service_auth, gql_service_auth.aiohttp, gql_service_auth.emulator):
         public = {
             name
             for name, value in vars(module).items()
@@ -35,7 +36,7 @@ def test_all_public_names_are_exported() -> None:
 
 def test_all_is_sorted() -> None:
     """``__all__`` is sorted, so additions are easy to review."""
-    for module in (gql_service_auth, gql_service_auth.emulator):
+    for module in (gql_service_auth, gql_service_auth.aiohttp, gql_service_auth.emulator):
         assert list(module.__all__) == sorted(module.__all__)
 
 

@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 import requests
@@ -21,10 +22,12 @@ from support import (
     in_child,
     poll,
     serving,
+    shown,
     start_thread,
 )
 
 from gql_service_auth import ConfigurationError, TokenRequestError
+from gql_service_auth import aiohttp as service_aiohttp
 from gql_service_auth import httpx as service_httpx
 from gql_service_auth import requests as service_requests
 from gql_service_auth.emulator import Emulator
@@ -309,3 +312,159 @@ def test_a_session_opened_before_a_fork_goes_on_working_in_the_child(
 
         assert in_child(child, timeout=20) == (0, "ok")
         assert session.execute(COUNT) == ANSWER["data"]
+
+
+# aiohttp: client middlewares (aiohttp 3.12 and later), on plain sessions and on gql's own
+# AIOHTTPTransport through client_session_args.
+
+
+def _middleware(kind: str, emulator: Emulator, **kwargs: Any) -> Any:
+    if kind == "api_key":
+        return service_aiohttp.ApiKeyMiddleware.from_env(emulator.environ(), **kwargs)
+    return service_aiohttp.OAuth2Middleware.from_env(emulator.environ(), retry=NO_WAIT, **kwargs)
+
+
+async def test_an_aiohttp_session_renews_a_revoked_token_and_sends_again(
+    emulator: Emulator,
+) -> None:
+    middleware = _middleware("oauth2", emulator)
+    async with aiohttp.ClientSession(middlewares=(middleware,)) as session:
+        async with session.post(emulator.graphql_url, json=QUERY) as answer:
+            assert await answer.json() == ANSWER
+        emulator.revoke_tokens()
+        async with session.post(emulator.graphql_url, json=QUERY) as answer:
+            assert await answer.json() == ANSWER
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.unauthenticated_responses == 1
+    assert emulator.counters.graphql_requests == 3
+
+
+async def test_an_aiohttp_session_sends_the_api_key(emulator: Emulator) -> None:
+    middleware = _middleware("api_key", emulator)
+    async with (
+        aiohttp.ClientSession(middlewares=(middleware,)) as session,
+        session.post(emulator.graphql_url, json=QUERY) as answer,
+    ):
+        assert await answer.json() == ANSWER
+    assert emulator.counters.token_requests == 0
+
+
+@pytest.mark.parametrize("kind", AUTH_KINDS)
+async def test_an_aiohttp_session_signs_only_the_requests_to_its_service(
+    emulator: Emulator, kind: str
+) -> None:
+    with another_service() as (other_url, seen):
+        async with aiohttp.ClientSession(middlewares=(_middleware(kind, emulator),)) as session:
+            async with session.post(other_url, json={}) as answer:
+                assert await answer.json() == {"ok": True}
+            async with session.post(emulator.graphql_url, json=QUERY) as answer:
+                assert await answer.json() == ANSWER
+    assert seen == [None]
+    assert emulator.counters.token_requests == (1 if kind == "oauth2" else 0)
+
+
+async def test_an_aiohttp_request_with_its_own_authorization_is_left_alone(
+    emulator: Emulator,
+) -> None:
+    """The caller's own header is neither replaced nor re-sent, and no token is fetched."""
+    async with aiohttp.ClientSession(middlewares=(_middleware("oauth2", emulator),)) as session:
+        headers = {"Authorization": "Bearer not-ours"}
+        async with session.post(emulator.graphql_url, json=QUERY, headers=headers) as answer:
+            assert answer.status == 200
+            assert (await answer.json())["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+    assert emulator.counters.token_requests == 0
+    assert emulator.counters.graphql_requests == 1
+
+
+async def test_a_mutation_refused_through_the_middleware_runs_once(emulator: Emulator) -> None:
+    """Refused before it ran: sent again once, and it runs once."""
+    rename = {"query": 'mutation { renameCarrier(id: "carrier-001", name: "Renamed") { name } }'}
+    async with aiohttp.ClientSession(middlewares=(_middleware("oauth2", emulator),)) as session:
+        async with session.post(emulator.graphql_url, json=QUERY) as answer:
+            await answer.read()
+        emulator.revoke_tokens()
+        async with session.post(emulator.graphql_url, json=rename) as answer:
+            assert (await answer.json())["data"]["renameCarrier"]["name"] == "Renamed"
+    assert emulator.counters.mutations_run == 1
+    assert emulator.counters.token_requests == 2
+
+
+async def test_an_aiohttp_upload_refused_through_the_middleware_is_not_sent_again(
+    emulator: Emulator,
+) -> None:
+    """A multipart body is never sent twice: the refusal comes back as the service sent it."""
+    operations = {
+        "query": "mutation ($file: Upload!) { uploadDocument(file: $file) { size } }",
+        "variables": {"file": None},
+    }
+    async with aiohttp.ClientSession(middlewares=(_middleware("oauth2", emulator),)) as session:
+        async with session.post(emulator.graphql_url, json=QUERY) as answer:
+            await answer.read()
+        emulator.revoke_tokens()
+        form = aiohttp.FormData()
+        form.add_field("operations", json.dumps(operations))
+        form.add_field("map", json.dumps({"0": ["variables.file"]}))
+        form.add_field("0", b"hello", filename="a.txt")
+        async with session.post(emulator.graphql_url, data=form) as answer:
+            refused = await answer.json()
+    assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+    assert emulator.counters.graphql_requests == 2
+    assert emulator.counters.mutations_run == 0
+
+
+async def test_gqls_own_aiohttp_transport_with_the_middleware_renews_and_sends_again(
+    emulator: Emulator,
+) -> None:
+    """gql's AIOHTTPTransport, unchanged, signed by the middleware in its session."""
+    from gql.transport.aiohttp import AIOHTTPTransport
+
+    middleware = _middleware("oauth2", emulator)
+    transport = AIOHTTPTransport(
+        url=emulator.graphql_url, client_session_args={"middlewares": (middleware,)}
+    )
+    async with Client(transport=transport) as session:
+        assert await session.execute(COUNT) == ANSWER["data"]
+        emulator.revoke_tokens()
+        assert await session.execute(COUNT) == ANSWER["data"]
+    assert emulator.counters.token_requests == 2
+
+
+async def test_the_middleware_refuses_a_remote_proxy_in_clear_text(emulator: Emulator) -> None:
+    """Plain http to loopback through a proxy on another machine is refused, not sent."""
+    async with aiohttp.ClientSession(middlewares=(_middleware("api_key", emulator),)) as session:
+        with pytest.raises(ConfigurationError, match=r"192\.0\.2\.1"):
+            await session.post(emulator.graphql_url, json=QUERY, proxy="http://192.0.2.1:3128")
+    assert emulator.counters.graphql_requests == 0
+
+
+def test_one_middleware_serves_several_event_loops_with_one_token(emulator: Emulator) -> None:
+    middleware = _middleware("oauth2", emulator)
+
+    async def ask() -> Any:
+        async with (
+            aiohttp.ClientSession(middlewares=(middleware,)) as session,
+            session.post(emulator.graphql_url, json=QUERY) as answer,
+        ):
+            return await answer.json()
+
+    assert asyncio.run(ask()) == ANSWER
+    assert asyncio.run(ask()) == ANSWER
+    assert emulator.counters.token_requests == 1
+
+
+@pytest.mark.parametrize("kind", AUTH_KINDS)
+async def test_an_aiohttp_error_built_from_a_signed_response_quotes_no_credential(
+    emulator: Emulator, kind: str
+) -> None:
+    """raise_for_status's error keeps the request's headers (a live view): the credential
+    is taken out of them once the request is sent."""
+    emulator.fail_graphql_requests(1, status=500)
+    middleware = _middleware(kind, emulator)
+    async with aiohttp.ClientSession(middlewares=(middleware,), raise_for_status=True) as session:
+        with pytest.raises(aiohttp.ClientResponseError) as caught:
+            await session.post(emulator.graphql_url, json=QUERY)
+    assert "Authorization" not in caught.value.request_info.headers
+    secrets = [emulator.recent_client.client_secret]
+    if kind == "oauth2":
+        secrets.append(middleware.token.value)
+    assert shown(caught.value, secrets) == []

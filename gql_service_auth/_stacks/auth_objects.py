@@ -28,6 +28,7 @@ from .._core.settings import api_key_env, oauth2_env
 from .._core.sharing import api_endpoint
 from .._core.token import AccessToken
 from .aiohttp_token_post import ssl_of_verify
+from .aiohttp_token_session import SslSetting
 from .http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules, ServiceOrigin
 from .options import OAuth2Settings, TokenOptions, check_known, oauth2_settings
 
@@ -263,6 +264,35 @@ class OAuth2AuthBase:
         verify: bool | str | SSLContext = True,
         **options: Unpack[TokenOptions],
     ) -> None:
+        self._setup(
+            token_url,
+            client_id,
+            client_secret,
+            url,
+            sign_any_origin,
+            options,
+            ssl=ssl_of_verify(verify),
+            verify=verify,
+            inherited={"trust_env": True},
+            inherited_from="the environment (trust_env)",
+        )
+
+    def _setup(
+        self,
+        token_url: str | URL,
+        client_id: str,
+        client_secret: str,
+        url: str | URL | None,
+        sign_any_origin: bool,
+        options: TokenOptions,
+        *,
+        ssl: SslSetting,
+        verify: object,
+        inherited: Mapping[str, Any] | None,
+        inherited_from: str,
+    ) -> None:
+        """What every constructor does, with how its stack's token request verifies TLS
+        (``ssl``, ``verify``) and what it inherits when ``token_session_args`` is ``None``."""
         caller = f"{type(self).__name__}.__init__"
         check_known(options, caller)
         self._service = service_origin(
@@ -278,10 +308,10 @@ class OAuth2AuthBase:
             client_secret,
             options,
             caller=caller,
-            ssl=ssl_of_verify(verify),
+            ssl=ssl,
             verify=verify,
-            inherited={"trust_env": True},
-            inherited_from="the environment (trust_env)",
+            inherited=inherited,
+            inherited_from=inherited_from,
         )
         self._rules: OAuth2Rules | None = None
         self._per_api: _PerApi | None = _PerApi(settings)
@@ -331,9 +361,22 @@ class OAuth2AuthBase:
         Raises:
             ConfigurationError: a variable is missing or empty; the message names it.
         """
+        return cls._from_env(environ, dict(kwargs), url, token_url, client_id, client_secret)
+
+    @classmethod
+    def _from_env(
+        cls,
+        environ: Mapping[str, str],
+        kwargs: dict[str, Any],
+        url: str | None,
+        token_url: str | None,
+        client_id: str | None,
+        client_secret: str | None,
+    ) -> Self:
+        """``from_env``'s work, whatever keywords a subclass's constructor takes."""
         settings = oauth2_env(
             environ,
-            dict(kwargs),
+            kwargs,
             url=url,
             token_url=token_url,
             client_id=client_id,

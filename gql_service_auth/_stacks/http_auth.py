@@ -193,6 +193,11 @@ class InsecureOrigins:
         self._allowed = allow_insecure_http
         self._seen: dict[tuple[str, str], str] = {}  # why not, or "": fine
 
+    @property
+    def allowed(self) -> bool:
+        """Whether plain http to any host was allowed (``allow_insecure_http``)."""
+        return self._allowed
+
     def check(self, scheme: str, host: str) -> None:
         """Raise :class:`ConfigurationError` unless credentials may go to this origin."""
         if scheme == "https" or self._allowed:

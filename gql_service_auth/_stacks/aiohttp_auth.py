@@ -1,0 +1,328 @@
+"""aiohttp client middlewares: the service's credentials on any aiohttp session.
+
+An aiohttp client middleware (aiohttp 3.12 and later) is called with each request a
+session sends, redirects included (each hop is a request of its own), and with the
+handler that sends it: it may sign the request, read the answer, and call the handler
+again. So the middlewares here are to aiohttp what the auth objects are to requests and
+httpx: the OAuth2 one signs with a token, and when the decision core says so (see
+:mod:`gql_service_auth._core.flow`) renews it and sends the same request again, driven by
+:func:`~gql_service_auth._core.flow.drive_async`.
+
+A body is sent again only when it is bytes (a JSON or text body): aiohttp rewinds some
+other payloads, but an upload's files are the caller's, read once, and a re-send would
+need them whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Mapping
+from ssl import SSLContext
+from typing import Any
+
+from aiohttp import hdrs
+from aiohttp.client_middlewares import ClientHandlerType
+from aiohttp.client_reqrep import ClientRequest, ClientResponse, Fingerprint
+from aiohttp.payload import BytesPayload
+from yarl import URL
+
+from .._core.flow import (
+    Accepted,
+    NeedToken,
+    Refused,
+    Sent,
+    drive_async,
+    renewal_flow,
+)
+from .._core.ledger import NotNow
+from .._core.redact import clear_locals, forgets_on_error
+from .._core.refusal import Answer, RequestFacts
+from .._core.token import AccessToken
+
+# Imported for what it does: it registers how aiohttp errors are scrubbed.
+from . import aiohttp_redact  # noqa: F401
+from .auth_objects import ApiKeyAuthBase, OAuth2AuthBase
+from .gql import first_of
+from .http_auth import (
+    NOT_REFUSED,
+    InsecureOrigins,
+    OAuth2Rules,
+    answer_of,
+    check_proxy,
+    facts_of,
+    reads_body,
+    tell_refused,
+    tell_sent,
+)
+from .options import TokenOptions
+
+# At run time: typing.get_type_hints() of the constructors resolves Unpack.
+if sys.version_info >= (3, 11):
+    from typing import Self, Unpack
+else:
+    from typing_extensions import Self, Unpack
+
+__all__ = ["ApiKeyMiddleware", "OAuth2Middleware", "OAuth2MiddlewareOptions"]
+
+
+class OAuth2MiddlewareOptions(TokenOptions, total=False):
+    """The optional keywords of :class:`OAuth2Middleware`, for ``from_env``: the token's
+    (:class:`~gql_service_auth.TokenOptions`) and the middleware's own."""
+
+    ssl: SSLContext | bool | Fingerprint
+    sign_any_origin: bool
+
+
+class ApiKeyMiddleware(ApiKeyAuthBase):
+    """An aiohttp client middleware that sends the service's API key.
+
+    ``aiohttp.ClientSession(middlewares=(ApiKeyMiddleware(client_id, client_secret,
+    url=api_url),))``, or ``middlewares=`` per request; requests to other hosts go out
+    untouched. The arguments and rules are those of
+    :class:`~gql_service_auth._stacks.auth_objects.ApiKeyAuthBase`; a plain-http request
+    through a proxy on another host is refused too, as the session's proxy is seen here.
+    """
+
+    async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
+        url = request.url
+        # Else the caller's own (an auth= or header), or another service's: untouched.
+        if hdrs.AUTHORIZATION not in request.headers and self._signs(
+            url.scheme, url.host, url.port
+        ):
+            _check_origin(self._rules.origins, request)
+            return await _send(request, handler, self._rules.authorization)
+        return await handler(request)
+
+
+class OAuth2Middleware(OAuth2AuthBase):
+    """An aiohttp client middleware that sends OAuth 2.0 client-credentials tokens,
+    renewed as needed.
+
+    ``aiohttp.ClientSession(middlewares=(OAuth2Middleware(token_url, client_id,
+    client_secret, url=api_url),))``; requests to other hosts go out untouched. One
+    middleware may serve any number of sessions and event loops: they share its token and
+    its fetches. A request refused to the end comes back as the service answered it. The
+    arguments and rules are those of
+    :class:`~gql_service_auth._stacks.auth_objects.OAuth2AuthBase`, but for TLS: ``ssl``
+    (aiohttp's: ``True``, ``False``, an ``ssl.SSLContext`` or a ``Fingerprint``) is how
+    the token endpoint is verified. The token request goes through aiohttp with its
+    defaults: no proxy from the environment unless ``token_session_args`` says
+    ``{"trust_env": True}``, as a session of your own would.
+    """
+
+    @forgets_on_error
+    def __init__(
+        self,
+        token_url: str | URL,
+        client_id: str,
+        client_secret: str,
+        *,
+        url: str | URL | None = None,
+        sign_any_origin: bool = False,
+        ssl: SSLContext | bool | Fingerprint = True,
+        **options: Unpack[TokenOptions],
+    ) -> None:
+        self._setup(
+            token_url,
+            client_id,
+            client_secret,
+            url,
+            sign_any_origin,
+            options,
+            ssl=ssl,
+            verify=None,
+            inherited=None,
+            inherited_from="the session's",
+        )
+        self._seen = {}
+
+    @classmethod
+    @forgets_on_error
+    def from_env(  # type: ignore[override]
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        url: str | None = None,
+        token_url: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        **kwargs: Unpack[OAuth2MiddlewareOptions],
+    ) -> Self:
+        """Build the middleware from the ``SERVICE_*`` environment variables, as
+        :meth:`OAuth2Transport.from_env <gql_service_auth.OAuth2Transport.from_env>` does
+        (``SERVICE_BASE_URL`` is not read with ``sign_any_origin=True``).
+
+        Raises:
+            ConfigurationError: a variable is missing or empty; the message names it.
+        """
+        return cls._from_env(
+            environ,
+            dict(kwargs),
+            url,
+            token_url,
+            client_id,
+            client_secret,
+        )
+
+    def _of_origin(self, url: URL) -> OAuth2Rules | None:
+        """The rules of a request to ``url``, ``None`` when it is not the service's.
+
+        Kept per origin: reading them again (the URL's origin parsed, the lock of the
+        rules per API taken) is the largest part of this layer's cost per request.
+        """
+        key = (url.scheme, url.raw_host, url.port)
+        seen = self._seen
+        if key in seen:
+            return seen[key]
+        rules = self._rules_for(url) if self._signs(url.scheme, url.host, url.port) else None
+        if len(seen) >= _ORIGINS_KEPT:
+            seen.clear()
+        seen[key] = rules
+        return rules
+
+    _seen: dict[tuple[str, str | None, int | None], OAuth2Rules | None]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_seen", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._seen = {}
+
+    async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
+        headers = request.headers
+        rules = None if hdrs.AUTHORIZATION in headers else self._of_origin(request.url)
+        if rules is None:
+            # The caller's own (neither replaced nor re-sent), or another service's (no
+            # token is fetched for it).
+            return await handler(request)
+        # The fast path, inline: each coroutine a request goes through is resumed at each
+        # of its waits, and the answer of almost every request refuses nothing.
+        try:
+            _check_origin(rules.origins, request)
+            replayable = _replayable(request)
+            # A body sent once asks for a token that will outlive its send.
+            min_ttl = 0.0 if replayable else rules.refresh_margin
+            tokens = rules.tokens
+            token = tokens.fresh(min_ttl) or first_of(await tokens.get(min_ttl=min_ttl), tokens)
+            tell_sent(token)
+            headers[hdrs.AUTHORIZATION] = token.authorization
+            try:
+                response = await handler(request)
+            finally:
+                # See _send: no credential stays in the response's request_info.
+                headers.popall(hdrs.AUTHORIZATION, None)
+            status = response.status
+            if 300 <= status < 400 or not reads_body(response.headers.get(hdrs.CONTENT_TYPE)):
+                answer = answer_of(status, None)
+            else:
+                answer = answer_of(status, await response.read())
+            if answer is None:
+                tokens.confirm(token)
+                return response
+            return await _renewed(
+                rules, request, handler, replayable, min_ttl, token, answer, response
+            )
+        except BaseException as exc:
+            # The frames below hold the request with its header, and answers that may
+            # quote the token: a crash reporter would show them.
+            clear_locals(exc)
+            raise
+
+
+_ORIGINS_KEPT = 64
+"""How many origins a middleware keeps its decision for (signed or not, and the rules)."""
+
+
+async def _renewed(
+    rules: OAuth2Rules,
+    request: ClientRequest,
+    handler: ClientHandlerType,
+    replayable: bool,
+    min_ttl: float,
+    token: AccessToken,
+    answer: Answer,
+    response: ClientResponse,
+) -> ClientResponse:
+    """After a refusal: renew and re-send, within bounds, as the decision core says."""
+    tokens = rules.tokens
+
+    async def send(renewed: AccessToken) -> Sent[ClientResponse]:
+        tell_sent(renewed)
+        again = await _send(request, handler, renewed.authorization)
+        return Sent(await _answer(again) or NOT_REFUSED, again)
+
+    async def get_token(need: NeedToken) -> AccessToken | NotNow:
+        return await tokens.get(min_ttl=need.min_ttl, after=need.newer_than)
+
+    flow = renewal_flow(
+        _facts(request, replayable),
+        tokens,
+        max_renewals=rules.max_renewals,
+        min_ttl=min_ttl,
+        emit=rules.emit,
+        first=(token, Sent(answer, response)),
+    )
+    outcome = await drive_async(
+        flow, get_token=get_token, send=send, sleep=tokens.waits(asyncio.sleep)
+    )
+    if isinstance(outcome, Refused):
+        tell_refused(outcome)
+        return outcome.last.raw
+    # Paused only comes of a flow that starts with no send.
+    assert isinstance(outcome, Accepted)
+    return outcome.raw
+
+
+def _check_origin(origins: InsecureOrigins, request: ClientRequest) -> None:
+    """Refuse credentials over plain http to a host that is not loopback, or through a
+    proxy (the session's, or the environment's with ``trust_env``) on another machine."""
+    url = request.url
+    origins.check(url.scheme, url.host or "")
+    proxy = request.proxy
+    if proxy is not None:
+        check_proxy(url, str(proxy), "the session's proxy", origins.allowed)
+
+
+async def _send(
+    request: ClientRequest, handler: ClientHandlerType, authorization: str
+) -> ClientResponse:
+    """Send ``request`` with ``authorization``, taken out again once it is sent."""
+    request.headers[hdrs.AUTHORIZATION] = authorization
+    try:
+        return await handler(request)
+    finally:
+        # The response's request_info is a live view of these headers: the errors built
+        # from it (raise_for_status's, the caller's own) then quote no credential.
+        request.headers.popall(hdrs.AUTHORIZATION, None)
+
+
+async def _answer(response: ClientResponse) -> Answer | None:
+    """What ``response`` says of the token: ``None`` when it refuses nothing.
+
+    Its body is read (aiohttp keeps it for the caller) unless it is a stream or a
+    redirect's, which refuses nothing.
+    """
+    status = response.status
+    if 300 <= status < 400 or not reads_body(response.headers.get(hdrs.CONTENT_TYPE)):
+        return answer_of(status, None)
+    return answer_of(status, await response.read())
+
+
+def _replayable(request: ClientRequest) -> bool:
+    """Whether ``request``'s body can be sent twice, whole: none, or bytes."""
+    body = request.body
+    return body == b"" or isinstance(body, BytesPayload)
+
+
+def _facts(request: ClientRequest, replayable: bool) -> RequestFacts:
+    """The request's facts, from the bytes it sent (an upload's are not read: it is never
+    sent twice, and a body not read counts as a mutation)."""
+    body = request.body
+    if isinstance(body, BytesPayload):
+        return facts_of(body.decode(errors="replace"), replayable=replayable)
+    return facts_of(None, replayable=replayable)
