@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,12 +17,15 @@ import requests
 from gql import Client, GraphQLRequest
 from support import (
     COUNT,
+    HANG_GUARD,
     NO_WAIT,
     bare_401s,
+    closed_port,
     finish,
     in_child,
     poll,
     serving,
+    set_http_proxy,
     shown,
     start_thread,
 )
@@ -221,6 +225,30 @@ def test_an_international_host_is_the_same_origin_however_it_is_spelt(
     ).prepare()
     assert "SERVICE-API-KEY" in sent[0].headers["Authorization"]
     assert "SERVICE-API-KEY" in prepared.headers["Authorization"]
+
+
+def test_a_name_another_idna_reads_otherwise_is_another_host(emulator: Emulator) -> None:
+    """faß.de is xn--fa-hia.de to requests and httpx (IDNA 2008), and fass.de another
+    domain, which gets no credential."""
+    environ = emulator.environ()
+    sent: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=ANSWER)
+
+    auth = service_httpx.ApiKeyAuth.from_env(environ, url="https://faß.de/graphql")
+    with httpx.Client(auth=auth, transport=httpx.MockTransport(record)) as client:
+        client.post("https://faß.de/graphql", json=QUERY)  # no network: a mock
+        client.post("https://fass.de/graphql", json=QUERY)
+    assert ["Authorization" in request.headers for request in sent] == [True, False]
+    requests_auth = service_requests.ApiKeyAuth.from_env(environ, url="https://faß.de/graphql")
+    signed = [
+        "Authorization"
+        in requests.Request("POST", url, json=QUERY, auth=requests_auth).prepare().headers
+        for url in ("https://faß.de/graphql", "https://fass.de/graphql")
+    ]
+    assert signed == [True, False]
 
 
 def test_credentials_never_go_over_plain_http_to_another_host(emulator: Emulator) -> None:
@@ -468,3 +496,155 @@ async def test_an_aiohttp_error_built_from_a_signed_response_quotes_no_credentia
     if kind == "oauth2":
         secrets.append(middleware.token.value)
     assert shown(caught.value, secrets) == []
+
+
+class _Stopped(Exception):
+    """Raised by :func:`_signed_to` after the signer: the request goes nowhere."""
+
+
+async def _signed_to(middleware: Any, url: str, *, ws: bool = False) -> bool:
+    """Whether ``middleware`` signs a request to ``url``; no network: a middleware after it
+    notes the header and stops the request."""
+    seen: list[bool] = []
+
+    async def note(request: Any, handler: Any) -> Any:
+        seen.append("Authorization" in request.headers)
+        raise _Stopped
+
+    async with aiohttp.ClientSession(middlewares=(middleware, note)) as session:
+        with pytest.raises(_Stopped):
+            await (session.ws_connect(url) if ws else session.get(url))
+    return seen[0]
+
+
+@pytest.mark.parametrize("kind", AUTH_KINDS)
+async def test_the_middleware_signs_its_services_international_name_and_no_other(
+    emulator: Emulator, kind: str
+) -> None:
+    """Names encoded as aiohttp sends them (IDNA 2008): faß.de is xn--fa-hia.de, and
+    fass.de another domain."""
+    for url in ("https://faß.de/graphql", "https://xn--fa-hia.de/graphql"):
+        middleware = _middleware(kind, emulator, url=url)
+        assert await _signed_to(middleware, "https://faß.de/graphql")
+        assert await _signed_to(middleware, "https://xn--fa-hia.de/graphql")
+        assert not await _signed_to(middleware, "https://fass.de/graphql")
+
+
+async def test_a_middleware_signing_any_origin_signs_a_secure_websocket(
+    emulator: Emulator,
+) -> None:
+    """wss is TLS, as https is; plain ws to another host is refused like plain http."""
+    middleware = _middleware("api_key", emulator, sign_any_origin=True)
+    assert await _signed_to(middleware, "wss://api.example.com/graphql", ws=True)
+    with pytest.raises(ConfigurationError, match=r"over ws to api\.example\.com"):
+        await _signed_to(middleware, "ws://api.example.com/graphql", ws=True)
+
+
+async def test_the_middlewares_token_is_the_last_origin_it_signed(emulator: Emulator) -> None:
+    middleware = _middleware("oauth2", emulator, sign_any_origin=True)
+    await _signed_to(middleware, "https://a.example/graphql")
+    first = middleware.token
+    await _signed_to(middleware, "https://b.example/graphql")
+    assert middleware.token is not first
+    await _signed_to(middleware, "https://a.example/graphql")
+    assert middleware.token is first
+
+
+@pytest.mark.parametrize("kind", AUTH_KINDS)
+async def test_an_environment_proxy_the_session_does_not_use_is_no_reason_to_refuse(
+    emulator: Emulator, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp follows http_proxy only with trust_env: the middleware checks the proxy the
+    request goes through, not the environment's."""
+    set_http_proxy(monkeypatch, "http://192.0.2.1:3128")  # TEST-NET-1: never reached
+    async with (
+        aiohttp.ClientSession(middlewares=(_middleware(kind, emulator),)) as session,
+        session.post(emulator.graphql_url, json=QUERY) as answer,
+    ):
+        assert await answer.json() == ANSWER
+    async with aiohttp.ClientSession(
+        middlewares=(_middleware(kind, emulator),), trust_env=True
+    ) as session:
+        with pytest.raises(ConfigurationError, match=r"192\.0\.2\.1"):
+            await session.post(emulator.graphql_url, json=QUERY)
+
+
+async def test_a_json_answer_the_middleware_read_can_still_be_streamed(
+    emulator: Emulator,
+) -> None:
+    """The middleware reads a JSON answer for a refusal; the caller's code that reads
+    ``content`` (iter_chunked, a streaming parser) still gets all of it."""
+    async with (
+        aiohttp.ClientSession(middlewares=(_middleware("oauth2", emulator),)) as session,
+        session.post(emulator.graphql_url, json=QUERY) as answer,
+    ):
+        chunks = [chunk async for chunk in answer.content.iter_chunked(7)]
+        assert json.loads(b"".join(chunks)) == ANSWER
+        assert await answer.json() == ANSWER
+
+
+@contextlib.contextmanager
+def held_stream(status: int, content_type: str) -> Iterator[tuple[str, threading.Event]]:
+    """A server whose first answer (``status``, ``content_type``) sends one chunk and holds
+    the rest until the event is set; later answers are GraphQL's. Its URL and the event."""
+    from aiohttp import web
+
+    go_on = threading.Event()
+    answered: list[int] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        answered.append(1)
+        if len(answered) > 1:
+            return web.json_response(ANSWER)
+        response = web.StreamResponse(status=status, headers={"Content-Type": content_type})
+        await response.prepare(request)
+        await response.write(b"data: one\n\n")
+        await asyncio.get_running_loop().run_in_executor(None, go_on.wait, HANG_GUARD)
+        await response.write(b"data: two\n\n")
+        await response.write_eof()
+        return response
+
+    with serving(lambda app: app.router.add_route("*", "/graphql", answer)) as url:
+        try:
+            yield url + "/graphql", go_on
+        finally:
+            go_on.set()
+
+
+async def test_a_download_is_handed_back_before_its_end(emulator: Emulator) -> None:
+    """A body that is no JSON is the caller's to read: the response comes back unread."""
+    with held_stream(200, "application/octet-stream") as (url, go_on):
+        middleware = _middleware("oauth2", emulator, url=url)
+        async with aiohttp.ClientSession(middlewares=(middleware,)) as session:
+            answer = await asyncio.wait_for(session.post(url, json=QUERY), HANG_GUARD)
+            assert await answer.content.readexactly(11) == b"data: one\n\n"
+            go_on.set()
+            assert await answer.read() == b"data: two\n\n"
+            answer.release()
+
+
+async def test_a_refused_stream_is_let_go_before_the_request_goes_again(
+    emulator: Emulator,
+) -> None:
+    """A bare 401 as a stream is not read, but its connection goes before the re-send:
+    with one connection allowed, the re-send would wait for it forever."""
+    with held_stream(401, "text/event-stream") as (url, _):
+        middleware = _middleware("oauth2", emulator, url=url)
+        connector = aiohttp.TCPConnector(limit=1)
+        async with aiohttp.ClientSession(
+            middlewares=(middleware,), connector=connector
+        ) as session:
+            answer = await asyncio.wait_for(session.post(url, json=QUERY), HANG_GUARD)
+            assert await answer.json() == ANSWER
+    assert emulator.counters.token_requests == 2
+
+
+async def test_an_api_key_error_keeps_no_secret_in_its_frames(emulator: Emulator) -> None:
+    """A connection refused under the middleware: no frame of the chain holds the key."""
+    with closed_port() as port:
+        url = f"http://127.0.0.1:{port}/graphql"
+        middleware = _middleware("api_key", emulator, url=url)
+        async with aiohttp.ClientSession(middlewares=(middleware,)) as session:
+            with pytest.raises(aiohttp.ClientConnectionError) as caught:
+                await session.post(url, json=QUERY)
+    assert shown(caught.value, [emulator.recent_client.client_secret]) == []

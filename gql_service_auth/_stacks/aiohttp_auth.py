@@ -19,10 +19,12 @@ import asyncio
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from ssl import SSLContext
 from typing import Any
 
-from aiohttp import hdrs
+from aiohttp import StreamReader, hdrs
+from aiohttp.base_protocol import BaseProtocol
 from aiohttp.client_middlewares import ClientHandlerType
 from aiohttp.client_reqrep import ClientRequest, ClientResponse, Fingerprint
 from aiohttp.payload import BytesPayload
@@ -85,15 +87,39 @@ class ApiKeyMiddleware(ApiKeyAuthBase):
     through a proxy on another host is refused too, as the session's proxy is seen here.
     """
 
+    @forgets_on_error
+    def __init__(
+        self,
+        client_id: str,
+        client_secret: str,
+        *,
+        url: str | URL | None = None,
+        sign_any_origin: bool = False,
+        allow_insecure_http: bool = False,
+    ) -> None:
+        super().__init__(
+            client_id,
+            client_secret,
+            url=url,
+            sign_any_origin=sign_any_origin,
+            allow_insecure_http=allow_insecure_http,
+        )
+        # The request's own proxy is checked (see _check_origin), not the environment's.
+        self._rules = replace(self._rules, origins=self._rules.origins.without_environment())
+
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         url = request.url
         # Else the caller's own (an auth= or header), or another service's: untouched.
-        if hdrs.AUTHORIZATION not in request.headers and self._signs(
-            url.scheme, url.host, url.port
+        if hdrs.AUTHORIZATION in request.headers or not self._signs(
+            url.scheme, url.raw_host, url.port
         ):
+            return await handler(request)
+        try:
             _check_origin(self._rules.origins, request)
             return await _send(request, handler, self._rules.authorization)
-        return await handler(request)
+        except BaseException as exc:
+            clear_locals(exc)  # the frames below hold the header (see OAuth2Middleware)
+            raise
 
 
 class OAuth2Middleware(OAuth2AuthBase):
@@ -137,6 +163,11 @@ class OAuth2Middleware(OAuth2AuthBase):
             inherited_from="the session's",
         )
         self._seen = {}
+        # The request's own proxy is checked (see _check_origin), not the environment's.
+        per_api = self._per_api
+        assert per_api is not None
+        origins = per_api.settings.origins.without_environment()
+        per_api.settings = replace(per_api.settings, origins=origins)
 
     @classmethod
     @forgets_on_error
@@ -175,8 +206,13 @@ class OAuth2Middleware(OAuth2AuthBase):
         key = (url.scheme, url.raw_host, url.port)
         seen = self._seen
         if key in seen:
-            return seen[key]
-        rules = self._rules_for(url) if self._signs(url.scheme, url.host, url.port) else None
+            rules = seen[key]
+            if rules is not None and self._per_api is not None:
+                self._per_api.latest = rules  # what .token shows
+            return rules
+        # raw_host: the name as it goes on the wire (punycode), as the service's URL is
+        # compared (see ServiceOrigin).
+        rules = self._rules_for(url) if self._signs(url.scheme, url.raw_host, url.port) else None
         if len(seen) >= _ORIGINS_KEPT:
             seen.clear()
         seen[key] = rules
@@ -217,10 +253,10 @@ class OAuth2Middleware(OAuth2AuthBase):
                 # See _send: no credential stays in the response's request_info.
                 headers.popall(hdrs.AUTHORIZATION, None)
             status = response.status
-            if 300 <= status < 400 or not reads_body(response.headers.get(hdrs.CONTENT_TYPE)):
-                answer = answer_of(status, None)
+            if _reads(status, response.headers.get(hdrs.CONTENT_TYPE)):
+                answer = answer_of(status, await _read(response))
             else:
-                answer = answer_of(status, await response.read())
+                answer = answer_of(status, None)
             if answer is None:
                 tokens.confirm(token)
                 return response
@@ -250,10 +286,14 @@ async def _renewed(
 ) -> ClientResponse:
     """After a refusal: renew and re-send, within bounds, as the decision core says."""
     tokens = rules.tokens
+    last = [response]
 
     async def send(renewed: AccessToken) -> Sent[ClientResponse]:
+        # The refused answer goes no further: its connection goes back, or is closed if
+        # its body (a stream's) was not read, before the request goes again.
+        last[0].release()
         tell_sent(renewed)
-        again = await _send(request, handler, renewed.authorization)
+        again = last[0] = await _send(request, handler, renewed.authorization)
         return Sent(await _answer(again) or NOT_REFUSED, again)
 
     async def get_token(need: NeedToken) -> AccessToken | NotNow:
@@ -302,15 +342,54 @@ async def _send(
 
 
 async def _answer(response: ClientResponse) -> Answer | None:
-    """What ``response`` says of the token: ``None`` when it refuses nothing.
-
-    Its body is read (aiohttp keeps it for the caller) unless it is a stream or a
-    redirect's, which refuses nothing.
-    """
+    """What ``response`` says of the token: ``None`` when it refuses nothing."""
     status = response.status
-    if 300 <= status < 400 or not reads_body(response.headers.get(hdrs.CONTENT_TYPE)):
-        return answer_of(status, None)
-    return answer_of(status, await response.read())
+    if _reads(status, response.headers.get(hdrs.CONTENT_TYPE)):
+        return answer_of(status, await _read(response))
+    return answer_of(status, None)
+
+
+async def _read(response: ClientResponse) -> bytes:
+    """``response``'s body, read, and left for the caller to read again in any way.
+
+    aiohttp keeps a body it has read for ``read()``, ``text()`` and ``json()``, but its
+    ``content`` stream is then spent: a new one is given the body, so code that reads
+    ``content`` (``iter_chunked``, a streaming JSON parser) sees it whole.
+    """
+    body = await response.read()
+    loop = asyncio.get_running_loop()
+    # A protocol of its own, with no transport: the stream holds the whole body, so its
+    # calls to resume reading reach nothing (the connection went back to the pool).
+    stream = StreamReader(BaseProtocol(loop), _STREAM_LIMIT, loop=loop)
+    if body:
+        stream.feed_data(body)
+    stream.feed_eof()
+    response.content = stream
+    return body
+
+
+_STREAM_LIMIT = 2**16
+"""aiohttp's own read buffer limit for a response."""
+
+
+def _reads(status: int, content_type: str | None) -> bool:
+    """Whether an answer's body is read for a refusal: a JSON one (a GraphQL answer), or
+    a 401's, unless it is a stream; one without a content type too.
+
+    Only those: aiohttp keeps a body it has read for ``read()``, ``text()`` and
+    ``json()``, but its ``content`` stream is then empty, and a download of another type
+    would be held until its end. A redirect refuses nothing.
+    """
+    if 300 <= status < 400:
+        return False
+    if content_type is None:
+        return True
+    if not reads_body(content_type):
+        return False  # a stream
+    if status == 401:
+        return True
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
 
 
 def _replayable(request: ClientRequest) -> bool:

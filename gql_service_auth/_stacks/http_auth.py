@@ -137,7 +137,9 @@ def _is_query(text: object, operation_name: object) -> bool:
     return runs_query(document, operation_name)
 
 
-_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+_ENCRYPTED: Final = frozenset({"https", "wss"})
 
 
 class ServiceOrigin:
@@ -171,9 +173,20 @@ def _origin_of(url: str) -> tuple[str, str, int | None]:
 
 def _ascii(host: str) -> str:
     """``host`` as it goes on the wire: lower case, an international name in punycode
-    (requests gives the one, httpx the other, for the same host)."""
+    (requests gives the one, httpx the other, for the same host).
+
+    Encoded as requests, httpx and aiohttp (yarl) encode it, by IDNA 2008 with UTS 46
+    (the ``idna`` package): Python's own codec is IDNA 2003, which maps ``ß`` to ``ss``,
+    another domain.
+    """
     if host.isascii():
         return host.lower()
+    try:
+        import idna  # the HTTP stacks' own dependency; loaded for international names only
+
+        return str(idna.encode(host, uts46=True).decode("ascii")).lower()
+    except (ImportError, UnicodeError, ValueError):
+        pass
     try:
         return host.encode("idna").decode("ascii").lower()
     except UnicodeError:  # a name IDNA cannot encode goes nowhere: compared as it is
@@ -184,13 +197,17 @@ class InsecureOrigins:
     """The plain-http check of every request an auth object signs, cached per origin.
 
     An auth object signs whatever its client sends: a request to a plain ``http://``
-    host that is not loopback would carry the credentials in clear text.
+    host that is not loopback would carry the credentials in clear text. ``environment``
+    says whether the environment's proxy is weighed too: requests' and httpx's auths
+    cannot see the proxy their client uses, which follows the environment by default;
+    aiohttp's middlewares see the request's own proxy, and check that instead.
     """
 
-    __slots__ = ("_allowed", "_seen")
+    __slots__ = ("_allowed", "_environment", "_seen")
 
-    def __init__(self, allow_insecure_http: bool) -> None:
+    def __init__(self, allow_insecure_http: bool, *, environment: bool = True) -> None:
         self._allowed = allow_insecure_http
+        self._environment = environment
         self._seen: dict[tuple[str, str], str] = {}  # why not, or "": fine
 
     @property
@@ -198,21 +215,25 @@ class InsecureOrigins:
         """Whether plain http to any host was allowed (``allow_insecure_http``)."""
         return self._allowed
 
+    def without_environment(self) -> InsecureOrigins:
+        """The same check, the environment's proxy left out (the client's is checked)."""
+        return InsecureOrigins(self._allowed, environment=False)
+
     def check(self, scheme: str, host: str) -> None:
         """Raise :class:`ConfigurationError` unless credentials may go to this origin."""
-        if scheme == "https" or self._allowed:
+        if scheme in _ENCRYPTED or self._allowed:
             return
         key = (scheme, host)
         refusal = self._seen.get(key)
         if refusal is None:
-            refusal = self._seen[key] = _plain_http_refusal(scheme, host)
+            refusal = self._seen[key] = _plain_http_refusal(scheme, host, self._environment)
             if len(self._seen) > 64:  # a client that talks to many hosts: kept small
                 self._seen.clear()
         if refusal:
             raise ConfigurationError(refusal)
 
 
-def _plain_http_refusal(scheme: str, host: str) -> str:
+def _plain_http_refusal(scheme: str, host: str, environment: bool) -> str:
     """Why credentials may not go to ``scheme://host`` in clear text; ``""`` if they may.
 
     Loopback is safe, unless the environment's proxy, which requests and httpx follow by
@@ -220,9 +241,9 @@ def _plain_http_refusal(scheme: str, host: str) -> str:
     environment is read once per origin (see :class:`InsecureOrigins`).
     """
     fix = "use an https:// URL, or pass allow_insecure_http=True if this network is trusted"
-    if scheme != "http" or not is_loopback(host):
+    if scheme not in ("http", "ws") or not is_loopback(host):
         return f"refusing to send credentials over {scheme} to {host}: {fix}"
-    proxy = environment_proxy(host)
+    proxy = environment_proxy(host) if environment else None
     if proxy is None or is_loopback(proxy):
         return ""
     return (
@@ -237,7 +258,7 @@ def check_proxy(url: object, proxy: str | None, given_as: str, allow: bool) -> N
     """Refuse a plain-http ``url`` sent through a ``proxy`` (given as ``given_as``) that is
     another machine: the proxy would read the credentials of every request it forwards."""
     parts = urlsplit(str(url))
-    if allow or proxy is None or parts.scheme != "http":
+    if allow or proxy is None or parts.scheme not in ("http", "ws"):
         return
     proxy_host = urlsplit(proxy if "://" in proxy else f"http://{proxy}").hostname
     if proxy_host is not None and not is_loopback(proxy_host):
