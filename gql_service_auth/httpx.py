@@ -120,6 +120,27 @@ def _client_args(url: object, kwargs: dict[str, Any], allow: bool) -> None:
     check_proxy(url, _proxy_url(kwargs.get("proxy")), "proxy=", allow)
 
 
+def _own_header(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``extra_args``, and for a call that carries the caller's own ``Authorization``,
+    ``auth=None``: it goes without the transport's auth, which neither replaces nor re-sends
+    it. The auth itself then need not look for one in every request's headers."""
+    if extra_args and _names_authorization(extra_args.get("headers")):
+        return {**extra_args, "auth": None}
+    return extra_args
+
+
+def _names_authorization(headers: object) -> bool:
+    """Whether httpx ``headers`` (a mapping, or pairs) carry an ``Authorization``."""
+    if not headers:
+        return False
+    names = headers.keys() if isinstance(headers, Mapping) else (k for k, _ in headers)  # type: ignore[attr-defined]
+    for name in names:
+        text = name.decode("latin-1") if isinstance(name, bytes) else str(name)
+        if text.lower() == "authorization":
+            return True
+    return False
+
+
 def _proxy_url(proxy: object) -> str | None:
     """The URL of httpx's ``proxy=`` (a str, a URL of httpx or yarl, or an ``httpx.Proxy``,
     which keeps its login apart), login included."""
@@ -151,9 +172,7 @@ class _ApiKeySettings(ApiKeyTransportParts, DropsClientInChild):
         **keywords: Unpack[HTTPXClientOptions],
     ) -> None:
         kwargs: dict[str, Any] = dict(keywords)
-        signer = ApiKeyAuth(
-            client_id, client_secret, url=str(url), allow_insecure_http=allow_insecure_http
-        )
+        signer = ApiKeyAuth._for_transport(client_id, client_secret, str(url), allow_insecure_http)
         _client_args(url, kwargs, allow_insecure_http)
         kwargs["auth"] = signer
         super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]
@@ -276,8 +295,8 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         """
         parent = super().execute
         return api_key_call(
-            lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
-            self._secret_list,
+            lambda: parent(request, extra_args=_own_header(extra_args), upload_files=upload_files),
+            self._secrets,
             "OAuth2HTTPXTransport",
         )
 
@@ -290,7 +309,9 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         """Execute a batch with the API key; see gql's ``execute_batch``."""
         parent = super().execute_batch
         return api_key_call(
-            lambda: parent(reqs, extra_args=extra_args), self._secret_list, "OAuth2HTTPXTransport"
+            lambda: parent(reqs, extra_args=_own_header(extra_args)),
+            self._secrets,
+            "OAuth2HTTPXTransport",
         )
 
 
@@ -312,8 +333,8 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         """
         parent = super().execute
         return await api_key_call_async(
-            lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
-            self._secret_list,
+            lambda: parent(request, extra_args=_own_header(extra_args), upload_files=upload_files),
+            self._secrets,
             "OAuth2HTTPXAsyncTransport",
         )
 
@@ -326,8 +347,8 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         """Execute a batch with the API key; see gql's ``execute_batch``."""
         parent = super().execute_batch
         return await api_key_call_async(
-            lambda: parent(reqs, extra_args=extra_args),
-            self._secret_list,
+            lambda: parent(reqs, extra_args=_own_header(extra_args)),
+            self._secrets,
             "OAuth2HTTPXAsyncTransport",
         )
 
@@ -352,7 +373,7 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         """
         parent = super().execute
         return oauth2_call(
-            lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
+            lambda: parent(request, extra_args=_own_header(extra_args), upload_files=upload_files),
             self._rules.secrets,
         )
 
@@ -365,7 +386,9 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
-        return oauth2_call(lambda: parent(reqs, extra_args=extra_args), self._rules.secrets)
+        return oauth2_call(
+            lambda: parent(reqs, extra_args=_own_header(extra_args)), self._rules.secrets
+        )
 
 
 class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
@@ -391,7 +414,7 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         """
         parent = super().execute
         return await oauth2_call_async(
-            lambda: parent(request, extra_args=extra_args, upload_files=upload_files),
+            lambda: parent(request, extra_args=_own_header(extra_args), upload_files=upload_files),
             self._rules.secrets,
         )
 
@@ -405,5 +428,5 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
         return await oauth2_call_async(
-            lambda: parent(reqs, extra_args=extra_args), self._rules.secrets
+            lambda: parent(reqs, extra_args=_own_header(extra_args)), self._rules.secrets
         )

@@ -186,7 +186,7 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         parent = super().execute
         return api_key_call(
             lambda: parent(request, timeout, extra_args, upload_files),
-            self._secret_list,
+            self._secrets,
             "OAuth2RequestsTransport",
         )
 
@@ -204,7 +204,7 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         """
         parent = super().execute_batch
         return api_key_call(
-            lambda: parent(reqs, timeout, extra_args), self._secret_list, "OAuth2RequestsTransport"
+            lambda: parent(reqs, timeout, extra_args), self._secrets, "OAuth2RequestsTransport"
         )
 
 

@@ -24,6 +24,7 @@ each proven, on an injected clock or by events, by a behaviour test:
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
 FIGURES = (
     "1 overhead",
     "1 layer cost",
+    "1 instructions",
     "2 stampede",
     "3 early renewal",
     "4 event loop",
@@ -89,6 +91,22 @@ def test_the_redis_figures_ran_against_a_real_redis(
     rows = figures["14 fleets on deployments"]["rows"]
     assert "skipped" not in rows["plain Redis"], rows["plain Redis"]
     assert all("skipped" in row or "token_requests" in row for row in rows.values()), rows
+
+
+def test_the_instruction_counts_compare_every_contender_with_gqls_own(
+    figures: dict[str, Any],
+) -> None:
+    """Figure 1's counts: where valgrind is installed, each contender of the stack counted
+    has a count per request and a ratio against gql's transport (the baseline's is 1)."""
+    rows = figures["1 instructions"]
+    if "skipped" in rows:
+        assert shutil.which("valgrind") is None, rows
+        return
+    (stack,) = (name for name in rows if name != "requests_counted")
+    contenders = rows[stack]
+    assert set(contenders) == {"gql, header per request", "API key", "OAuth2"}
+    assert contenders["gql, header per request"]["ratio"] == 1.0
+    assert all(row["instructions_per_request"] > 0 for row in contenders.values())
 
 
 def test_the_opentelemetry_figure_runs_in_the_modes_it_names(figures: dict[str, Any]) -> None:

@@ -202,6 +202,18 @@ class ApiKeyAuthBase:
             allow_insecure_http=allow_insecure_http,
         )
 
+    #: The auth of a transport: its client sends only to the transport's URL, and the
+    #: transport sends a call that carries the caller's own ``Authorization`` without it.
+    _own_client = False
+
+    @classmethod
+    def _for_transport(
+        cls, client_id: str, client_secret: str, url: str, allow_insecure_http: bool
+    ) -> Self:
+        auth = cls(client_id, client_secret, url=url, allow_insecure_http=allow_insecure_http)
+        auth._own_client = True
+        return auth
+
     def _signs(self, scheme: str, host: str | None, port: int | None) -> bool:
         """Whether a request to this origin is the service's, to sign."""
         return self._service.covers(scheme, host, port)
@@ -316,6 +328,9 @@ class OAuth2AuthBase:
         self._rules: OAuth2Rules | None = None
         self._per_api: _PerApi | None = _PerApi(settings)
 
+    #: See ``ApiKeyAuthBase._own_client``.
+    _own_client = False
+
     @classmethod
     def _of(cls, token_url: str | URL, rules: OAuth2Rules) -> Self:
         """An auth with rules a transport made (its token request follows the transport)."""
@@ -324,6 +339,7 @@ class OAuth2AuthBase:
         auth.token_url = token_url
         auth._rules = rules
         auth._per_api = None
+        auth._own_client = True
         return auth
 
     def _signs(self, scheme: str, host: str | None, port: int | None) -> bool:

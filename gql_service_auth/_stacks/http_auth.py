@@ -331,7 +331,6 @@ class OAuth2Rules:
         return [self.credentials.client_secret, *sent]
 
 
-@dataclass(slots=True)
 class Exchange:
     """What an auth flow tells the gql transport that made its request.
 
@@ -341,9 +340,16 @@ class Exchange:
         secrets: The tokens sent, which the answers may quote.
     """
 
-    refused: Refused[Any] | None = None
-    # Out of the repr: a traceback's frames show their locals, this record among them.
-    secrets: list[str] = field(default_factory=list, repr=False)
+    # A plain class: every request makes one, and a dataclass's default_factory costs more.
+    __slots__ = ("refused", "secrets")
+
+    def __init__(self) -> None:
+        self.refused: Refused[Any] | None = None
+        self.secrets: list[str] = []
+
+    def __repr__(self) -> str:
+        # Without the secrets: a traceback's frames show their locals, this record among them.
+        return f"<Exchange refused={self.refused is not None}>"
 
 
 _EXCHANGE: ContextVar[Exchange | None] = ContextVar("gql_service_auth_exchange", default=None)
@@ -388,6 +394,14 @@ def tell_refused(outcome: Refused[Any]) -> None:
 # with an Exchange open, and raises what the package raises (see _stacks/gql.py).
 
 
+def _has_errors(answer: object) -> bool:
+    """Whether gql's answer (a result, or a batch's) has errors: only then is it read for
+    a refusal or scrubbed. Almost none has."""
+    if isinstance(answer, list):
+        return any(getattr(result, "errors", None) for result in answer)
+    return bool(getattr(answer, "errors", None))
+
+
 def oauth2_call(call: Callable[[], _T], secrets: Callable[[list[str]], list[str]]) -> _T:
     """``call()`` (gql's ``execute`` or ``execute_batch``) of an OAuth2 transport:
     its answer, or the package's error. ``secrets`` gives what answers may quote, from
@@ -398,6 +412,8 @@ def oauth2_call(call: Callable[[], _T], secrets: Callable[[list[str]], list[str]
         except TransportError as exc:
             failure = oauth2_failure(exc, record.refused, secrets(record.secrets))
         else:
+            if record.refused is None and not _has_errors(answer):
+                return answer
             return oauth2_answer(answer, record.refused, secrets(record.secrets))
     raise failure  # outside the except block: gql's wrapper stays out of our error's chain
 
@@ -412,32 +428,39 @@ async def oauth2_call_async(
         except TransportError as exc:
             failure = oauth2_failure(exc, record.refused, secrets(record.secrets))
         else:
+            if record.refused is None and not _has_errors(answer):
+                return answer
             return oauth2_answer(answer, record.refused, secrets(record.secrets))
     raise failure
 
 
-def api_key_call(call: Callable[[], _T], secrets: list[str], instead: str) -> _T:
+def api_key_call(call: Callable[[], _T], secrets: Callable[[], list[str]], instead: str) -> _T:
     """``call()`` of an API key transport: its answer, or the package's error.
 
-    ``instead`` names the OAuth2 transport of the same stack, which a refusal advises.
+    ``secrets`` gives what answers may quote; ``instead`` names the OAuth2 transport of the
+    same stack, which a refusal advises.
     """
     try:
         answer = call()
     except TransportError as exc:
-        failure = api_key_failure(exc, secrets, instead)
+        failure = api_key_failure(exc, secrets(), instead)
     else:
-        return api_key_answer(answer, secrets, instead)
+        if not _has_errors(answer):
+            return answer
+        return api_key_answer(answer, secrets(), instead)
     raise failure
 
 
 async def api_key_call_async(
-    call: Callable[[], Awaitable[_T]], secrets: list[str], instead: str
+    call: Callable[[], Awaitable[_T]], secrets: Callable[[], list[str]], instead: str
 ) -> _T:
     """:func:`api_key_call` for an async transport."""
     try:
         answer = await call()
     except TransportError as exc:
-        failure = api_key_failure(exc, secrets, instead)
+        failure = api_key_failure(exc, secrets(), instead)
     else:
-        return api_key_answer(answer, secrets, instead)
+        if not _has_errors(answer):
+            return answer
+        return api_key_answer(answer, secrets(), instead)
     raise failure
