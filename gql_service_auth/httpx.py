@@ -43,6 +43,7 @@ from ._core.errors import ConfigurationError
 from ._core.fork import DropsClientInChild
 from ._core.redact import forgets_on_error
 from ._stacks.aiohttp_token_post import ssl_of_verify
+from ._stacks.gql import callers_own
 from ._stacks.http_auth import (
     OAuth2Rules,
     api_key_call,
@@ -120,25 +121,15 @@ def _client_args(url: object, kwargs: dict[str, Any], allow: bool) -> None:
     check_proxy(url, _proxy_url(kwargs.get("proxy")), "proxy=", allow)
 
 
-def _own_header(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``extra_args``, and for a call that carries the caller's own ``Authorization``,
-    ``auth=None``: it goes without the transport's auth, which neither replaces nor re-sends
-    it. The auth itself then need not look for one in every request's headers."""
-    if extra_args and _names_authorization(extra_args.get("headers")):
-        return {**extra_args, "auth": None}
-    return extra_args
-
-
-def _names_authorization(headers: object) -> bool:
-    """Whether httpx ``headers`` (a mapping, or pairs) carry an ``Authorization``."""
-    if not headers:
-        return False
-    names = headers.keys() if isinstance(headers, Mapping) else (k for k, _ in headers)  # type: ignore[attr-defined]
-    for name in names:
-        text = name.decode("latin-1") if isinstance(name, bytes) else str(name)
-        if text.lower() == "authorization":
-            return True
-    return False
+def _own_header(extra_args: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
+    """``extra_args`` (see :func:`~gql_service_auth._stacks.gql.callers_own`), with
+    ``auth=None`` for a call that carries the caller's own ``Authorization`` (unless it
+    names an auth of its own): the transport's auth neither replaces nor re-sends it, and
+    need not look for one in every request's headers. And whether it carries one."""
+    args, given = callers_own(extra_args)
+    if given and args is not None and "auth" not in args:
+        args = {**args, "auth": None}
+    return args, given
 
 
 def _proxy_url(proxy: object) -> str | None:
@@ -217,7 +208,7 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
             inherited=inherited,
             inherited_from="the client's proxy and trust_env",
         ).rules(url)
-        kwargs["auth"] = OAuth2Auth._of(token_url, rules)
+        kwargs["auth"] = OAuth2Auth._of(token_url, rules, url)
         super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]
         self.token_url = token_url
         self._rules: OAuth2Rules = rules
@@ -294,10 +285,12 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
         parent = super().execute
+        args, given = _own_header(extra_args)
         return api_key_call(
-            lambda: parent(request, extra_args=_own_header(extra_args), upload_files=upload_files),
+            lambda: parent(request, extra_args=args, upload_files=upload_files),
             self._secrets,
             "OAuth2HTTPXTransport",
+            given=given,
         )
 
     @forgets_on_error
@@ -308,10 +301,12 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
     ) -> list[ExecutionResult]:
         """Execute a batch with the API key; see gql's ``execute_batch``."""
         parent = super().execute_batch
+        args, given = _own_header(extra_args)
         return api_key_call(
-            lambda: parent(reqs, extra_args=_own_header(extra_args)),
+            lambda: parent(reqs, extra_args=args),
             self._secrets,
             "OAuth2HTTPXTransport",
+            given=given,
         )
 
 
@@ -332,10 +327,12 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
         parent = super().execute
+        args, given = _own_header(extra_args)
         return await api_key_call_async(
-            lambda: parent(request, extra_args=_own_header(extra_args), upload_files=upload_files),
+            lambda: parent(request, extra_args=args, upload_files=upload_files),
             self._secrets,
             "OAuth2HTTPXAsyncTransport",
+            given=given,
         )
 
     @forgets_on_error
@@ -346,10 +343,12 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
     ) -> list[ExecutionResult]:
         """Execute a batch with the API key; see gql's ``execute_batch``."""
         parent = super().execute_batch
+        args, given = _own_header(extra_args)
         return await api_key_call_async(
-            lambda: parent(reqs, extra_args=_own_header(extra_args)),
+            lambda: parent(reqs, extra_args=args),
             self._secrets,
             "OAuth2HTTPXAsyncTransport",
+            given=given,
         )
 
 
@@ -372,8 +371,9 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
             TokenRequestError: no token could be obtained.
         """
         parent = super().execute
+        args, _ = _own_header(extra_args)
         return oauth2_call(
-            lambda: parent(request, extra_args=_own_header(extra_args), upload_files=upload_files),
+            lambda: parent(request, extra_args=args, upload_files=upload_files),
             self._rules.secrets,
         )
 
@@ -386,9 +386,8 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
-        return oauth2_call(
-            lambda: parent(reqs, extra_args=_own_header(extra_args)), self._rules.secrets
-        )
+        args, _ = _own_header(extra_args)
+        return oauth2_call(lambda: parent(reqs, extra_args=args), self._rules.secrets)
 
 
 class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
@@ -413,8 +412,9 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
             TokenRequestError: no token could be obtained.
         """
         parent = super().execute
+        args, _ = _own_header(extra_args)
         return await oauth2_call_async(
-            lambda: parent(request, extra_args=_own_header(extra_args), upload_files=upload_files),
+            lambda: parent(request, extra_args=args, upload_files=upload_files),
             self._rules.secrets,
         )
 
@@ -427,6 +427,5 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
-        return await oauth2_call_async(
-            lambda: parent(reqs, extra_args=_own_header(extra_args)), self._rules.secrets
-        )
+        args, _ = _own_header(extra_args)
+        return await oauth2_call_async(lambda: parent(reqs, extra_args=args), self._rules.secrets)

@@ -40,6 +40,7 @@ from ._core.errors import ConfigurationError
 from ._core.fork import DropsClientInChild
 from ._core.redact import forgets_on_error
 from ._stacks.aiohttp_token_post import ssl_of_verify
+from ._stacks.gql import callers_own
 from ._stacks.http_auth import api_key_call, check_proxy, oauth2_call
 from ._stacks.options import TokenOptions, oauth2_settings, token_options
 from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts
@@ -184,10 +185,12 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
             ApiKeyRejectedError: the service refused the key. Not retried: it cannot change.
         """
         parent = super().execute
+        args, given = callers_own(extra_args)
         return api_key_call(
-            lambda: parent(request, timeout, extra_args, upload_files),
+            lambda: parent(request, timeout, args, upload_files),
             self._secrets,
             "OAuth2RequestsTransport",
+            given=given,
         )
 
     @forgets_on_error
@@ -203,8 +206,12 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
         parent = super().execute_batch
+        args, given = callers_own(extra_args)
         return api_key_call(
-            lambda: parent(reqs, timeout, extra_args), self._secrets, "OAuth2RequestsTransport"
+            lambda: parent(reqs, timeout, args),
+            self._secrets,
+            "OAuth2RequestsTransport",
+            given=given,
         )
 
 
@@ -284,7 +291,7 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
             inherited=inherited,
             inherited_from="proxies",
         ).rules(url)
-        signer = OAuth2Auth._of(token_url, rules)
+        signer = OAuth2Auth._of(token_url, rules, url)
         super().__init__(
             url, headers, cookies, signer, use_json, timeout, verify, retries, method,
             retry_backoff_factor, retry_status_forcelist, json_serialize, json_deserialize,
@@ -311,8 +318,9 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
             TokenRequestError: no token could be obtained.
         """
         parent = super().execute
+        args, _ = callers_own(extra_args)
         return oauth2_call(
-            lambda: parent(request, timeout, extra_args, upload_files), self._rules.secrets
+            lambda: parent(request, timeout, args, upload_files), self._rules.secrets
         )
 
     @forgets_on_error
@@ -327,4 +335,5 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         A refused batch is sent again only when no operation of it can have run.
         """
         parent = super().execute_batch
-        return oauth2_call(lambda: parent(reqs, timeout, extra_args), self._rules.secrets)
+        args, _ = callers_own(extra_args)
+        return oauth2_call(lambda: parent(reqs, timeout, args), self._rules.secrets)

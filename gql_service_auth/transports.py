@@ -48,7 +48,9 @@ from ._stacks.gql import (
     Snapshot,
     answered,
     api_key_error,
+    as_given,
     bare_401,
+    callers_own,
     first_token,
     guarded,
     is_query,
@@ -205,6 +207,13 @@ class ApiKeyTransport(AuthenticatingTransport):
         # cleared, and this one's locals show no secret once the few below are dropped (an
         # answer with errors is scrubbed in place as it arrives).
         try:
+            if extra_args:
+                extra_args, given = callers_own(extra_args)
+                if given:
+                    parent = super().execute(
+                        request, extra_args=extra_args, upload_files=upload_files
+                    )
+                    return await as_given(parent, self._secrets())
             posting = self._post(
                 request, extra_args, upload_files, self._credentials, _API_KEY_HEADER
             )
@@ -240,6 +249,9 @@ class ApiKeyTransport(AuthenticatingTransport):
         Raises:
             ApiKeyRejectedError: the service refused the key for any request of the batch.
         """
+        extra_args, given = callers_own(extra_args)
+        if given:
+            return await as_given(super().execute_batch(reqs, extra_args), self._secrets())
         args = with_authorization(extra_args, self._credentials.api_key_authorization())
         try:
             answers = await super().execute_batch(reqs, extra_args=args)
@@ -427,6 +439,13 @@ class OAuth2Transport(AuthenticatingTransport):
         # cleared, and this one's locals show no secret once the few below are dropped (an
         # answer with errors is scrubbed in place as it arrives; a token's repr hides it).
         try:
+            if extra_args:
+                extra_args, given = callers_own(extra_args)
+                if given:
+                    parent = super().execute(
+                        request, extra_args=extra_args, upload_files=upload_files
+                    )
+                    return await as_given(parent, [self._credentials.client_secret])
             taken = snapshot(request)
             # An upload's file streams are consumed by the first send, which is never
             # repeated: it asks for a token that will outlive it.
@@ -499,6 +518,10 @@ class OAuth2Transport(AuthenticatingTransport):
         A refused batch is sent again only when no operation of it can have run: every
         answer refused the token before execution, and none carries data.
         """
+        extra_args, given = callers_own(extra_args)
+        if given:
+            parent_call = super().execute_batch(reqs, extra_args)
+            return await as_given(parent_call, [self._credentials.client_secret])
         payload = [rebuild(snapshot(req)) for req in reqs]
         parent = super().execute_batch
 

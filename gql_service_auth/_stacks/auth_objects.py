@@ -202,8 +202,10 @@ class ApiKeyAuthBase:
             allow_insecure_http=allow_insecure_http,
         )
 
-    #: The auth of a transport: its client sends only to the transport's URL, and the
-    #: transport sends a call that carries the caller's own ``Authorization`` without it.
+    #: The auth of a transport, which sends a call carrying the caller's own
+    #: ``Authorization`` (in ``extra_args``) without it: the auth need not look for one in
+    #: each request's headers. An ``Authorization`` set on the transport's client itself
+    #: is refused when the transport is built (``headers=``), and replaced if set later.
     _own_client = False
 
     @classmethod
@@ -332,10 +334,11 @@ class OAuth2AuthBase:
     _own_client = False
 
     @classmethod
-    def _of(cls, token_url: str | URL, rules: OAuth2Rules) -> Self:
-        """An auth with rules a transport made (its token request follows the transport)."""
+    def _of(cls, token_url: str | URL, rules: OAuth2Rules, url: object) -> Self:
+        """An auth with rules a transport of API ``url`` made (its token request follows
+        the transport); it signs the requests to ``url``'s origin, as a standalone one."""
         auth = cls.__new__(cls)
-        auth._service = ServiceOrigin(None)  # the transport's client sends only to its URL
+        auth._service = ServiceOrigin(str(url))
         auth.token_url = token_url
         auth._rules = rules
         auth._per_api = None

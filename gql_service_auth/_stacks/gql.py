@@ -9,7 +9,7 @@ package's errors, scrubbed of every secret.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
@@ -420,3 +420,35 @@ def api_key_error(
         data=data,
         extensions=extensions,
     )
+
+
+def callers_own(extra_args: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
+    """A call's ``extra_args``, and whether they carry the caller's own ``Authorization``
+    header (a mapping of headers, or pairs; any case; ``str`` or ``bytes`` names). Such a
+    call is the caller's: sent as it is, never signed by us, never sent again. Headers given
+    as an iterator are read once here, and handed on as a list."""
+    headers = extra_args.get("headers") if extra_args else None
+    if not headers:
+        return extra_args, False
+    assert extra_args is not None
+    if not isinstance(headers, Mapping | Sequence):
+        headers = list(headers)
+        extra_args = {**extra_args, "headers": headers}
+    names = headers.keys() if isinstance(headers, Mapping) else (pair[0] for pair in headers)
+    for name in names:
+        text = name.decode("latin-1") if isinstance(name, bytes) else str(name)
+        if text.lower() == "authorization":
+            return extra_args, True
+    return extra_args, False
+
+
+async def as_given(call: Awaitable[_T], secrets: Sequence[str]) -> _T:
+    """The answer of a call made with the caller's own ``Authorization``: gql's own, as
+    it came (a refusal is gql's to raise, not ours), scrubbed of ``secrets``."""
+    try:
+        answer = await call
+    except TransportError as exc:
+        redact_chain(exc, list(secrets))
+        clear_locals(exc)
+        raise
+    return scrubbed(answer, list(secrets))

@@ -41,6 +41,7 @@ from .gql import (
     oauth2_answer,
     oauth2_failure,
     runs_query,
+    scrubbed,
 )
 
 _T = TypeVar("_T")
@@ -434,33 +435,48 @@ async def oauth2_call_async(
     raise failure
 
 
-def api_key_call(call: Callable[[], _T], secrets: Callable[[], list[str]], instead: str) -> _T:
+def api_key_call(
+    call: Callable[[], _T], secrets: Callable[[], list[str]], instead: str, *, given: bool
+) -> _T:
     """``call()`` of an API key transport: its answer, or the package's error.
 
     ``secrets`` gives what answers may quote; ``instead`` names the OAuth2 transport of the
-    same stack, which a refusal advises.
+    same stack, which a refusal advises. ``given``: the call carried the caller's own
+    ``Authorization``, which the auth left alone: a refusal is of that header, not of the
+    key, and is gql's to raise.
     """
     try:
         answer = call()
     except TransportError as exc:
-        failure = api_key_failure(exc, secrets(), instead)
+        failure = _api_key_failure(exc, secrets(), instead, given)
     else:
         if not _has_errors(answer):
             return answer
-        return api_key_answer(answer, secrets(), instead)
+        return scrubbed(answer, secrets()) if given else api_key_answer(answer, secrets(), instead)
     raise failure
 
 
 async def api_key_call_async(
-    call: Callable[[], Awaitable[_T]], secrets: Callable[[], list[str]], instead: str
+    call: Callable[[], Awaitable[_T]],
+    secrets: Callable[[], list[str]],
+    instead: str,
+    *,
+    given: bool,
 ) -> _T:
     """:func:`api_key_call` for an async transport."""
     try:
         answer = await call()
     except TransportError as exc:
-        failure = api_key_failure(exc, secrets(), instead)
+        failure = _api_key_failure(exc, secrets(), instead, given)
     else:
         if not _has_errors(answer):
             return answer
-        return api_key_answer(answer, secrets(), instead)
+        return scrubbed(answer, secrets()) if given else api_key_answer(answer, secrets(), instead)
     raise failure
+
+
+def _api_key_failure(
+    exc: TransportError, secrets: list[str], instead: str, given: bool
+) -> BaseException:
+    # A caller's own header refused: gql's error, scrubbed, as on OAuth2 (oauth2_failure).
+    return oauth2_failure(exc, None, secrets) if given else api_key_failure(exc, secrets, instead)

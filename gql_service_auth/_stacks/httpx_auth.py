@@ -81,10 +81,10 @@ class ApiKeyAuth(ApiKeyAuthBase, _Auth):
 
     def auth_flow(self, request: Request) -> Generator[Request, Response, None]:
         url = request.url
-        # A transport's own auth signs what its client sends (see _own_client); else the
-        # caller's own, or another service's, goes untouched.
-        if self._own_client or (
-            not _has_authorization(request) and self._signs(url.scheme, url.host, url.port)
+        # The caller's own (a transport's auth is not given those: see _own_client), or
+        # another service's, goes untouched.
+        if (self._own_client or not _has_authorization(request)) and self._signs(
+            url.scheme, url.host, url.port
         ):
             self._rules.origins.check(url.scheme, url.host)
             request.headers["Authorization"] = self._rules.authorization
@@ -106,7 +106,6 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         if not _ours_to_sign(self, request):
             yield request  # the caller's own, or another service's: untouched
             return
-        own = self._own_client
         rules = self._rules_for(request.url)
         replayable = _start(rules, request)
         min_ttl = 0.0 if replayable else rules.refresh_margin
@@ -115,8 +114,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         response = yield request
         if not _ours(response, request, token):
             return
-        # gql's transport reads every answer whole: its own auth need not look at the type.
-        body = response.read() if own or _body(response) else None
+        body = response.read() if _body(response) else None
         answer = answer_of(response.status_code, body)
         if answer is None:
             rules.tokens.confirm(token)
@@ -147,7 +145,6 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         if not _ours_to_sign(self, request):
             yield request  # the caller's own, or another service's: untouched
             return
-        own = self._own_client
         rules = self._rules_for(request.url)
         replayable = _start(rules, request)
         min_ttl = 0.0 if replayable else rules.refresh_margin
@@ -156,7 +153,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         response = yield request
         if not _ours(response, request, token):
             return
-        body = await response.aread() if own or _body(response) else None
+        body = await response.aread() if _body(response) else None
         answer = answer_of(response.status_code, body)
         if answer is None:
             rules.tokens.confirm(token)
@@ -187,10 +184,10 @@ def _ours_to_sign(auth: OAuth2Auth, request: Request) -> bool:
     """Whether ``request`` is the auth's to sign: to its service, without the caller's
     own ``Authorization`` (never replaced nor re-sent). A transport's own auth signs what
     its client sends (see ``_own_client``)."""
-    if auth._own_client:
-        return True
     url = request.url
-    return not _has_authorization(request) and auth._signs(url.scheme, url.host, url.port)
+    return (auth._own_client or not _has_authorization(request)) and auth._signs(
+        url.scheme, url.host, url.port
+    )
 
 
 def _has_authorization(request: Request) -> bool:
