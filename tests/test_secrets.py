@@ -320,8 +320,6 @@ async def test_a_credential_echoed_by_the_api_is_scrubbed_from_our_error(
     emulator: Emulator, caplog: pytest.LogCaptureFixture, kind: str, error: type[Exception]
 ) -> None:
     """A refusal quoting the API key or token raises our error, whose errors hold neither."""
-    # gql's own transport logs every answer's body at DEBUG; the scan here is of our errors.
-    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")
     async with _loopback(_echo_refusal) as (url, received):
         with pytest.raises(error) as info:
             async with Client(
@@ -530,13 +528,6 @@ async def test_credentials_do_not_follow_a_redirect_to_another_host(
 # -- A service quoting the credentials in an error that is not a refusal -------------
 
 
-@pytest.fixture
-def quiet_gql(caplog: pytest.LogCaptureFixture) -> None:
-    """gql's own transport logs every raw answer at DEBUG: that record is gql's, out of
-    this package's reach, and would trip the leak scanner; the scan here is of the rest."""
-    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")
-
-
 def _forbidden(text: str) -> dict[str, object]:
     return {
         "data": None,
@@ -544,7 +535,6 @@ def _forbidden(text: str) -> dict[str, object]:
     }
 
 
-@pytest.mark.usefixtures("quiet_gql")
 @pytest.mark.parametrize("as_json", [False, True])
 def test_cli_never_prints_a_key_quoted_in_another_error(
     emulator: Emulator, capsys: pytest.CaptureFixture[str], as_json: bool
@@ -566,7 +556,6 @@ def test_cli_never_prints_a_key_quoted_in_another_error(
         assert json.loads(out)["ok"] is False
 
 
-@pytest.mark.usefixtures("quiet_gql")
 async def test_api_key_error_quoting_the_key_is_scrubbed(
     emulator: Emulator, make_api_key: Callable[..., ApiKeyTransport]
 ) -> None:
@@ -581,7 +570,6 @@ async def test_api_key_error_quoting_the_key_is_scrubbed(
     assert "***" in str(caught.value)  # the scanner in conftest.py checks every text of it
 
 
-@pytest.mark.usefixtures("quiet_gql")
 async def test_oauth2_error_quoting_the_token_is_scrubbed(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -990,7 +978,6 @@ async def test_a_timeout_after_an_answer_quoting_the_credential_shows_it_nowhere
 ) -> None:
     """execute_timeout fires after an answer quoting the credential was read: no frame of
     the TimeoutError's chain shows the credential."""
-    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")  # gql logs bodies
     slow = {"response_class": _SlowExitResponse}
     transport = build_transport(kind, emulator, client_session_args=slow)
     async with Client(transport=transport, execute_timeout=5) as session:
@@ -1010,7 +997,6 @@ async def test_a_redirect_echoing_the_credential_in_its_headers_is_scrubbed(
 ) -> None:
     """A 307 to the same endpoint whose headers quote the credential, then a 500: the
     error's record of the redirect's response shows no credential."""
-    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")
     async with Client(transport=build_transport(kind, emulator)) as session:
         await session.execute(COUNT)
         echo = {"X-Echo": _sent(emulator)[-2]}
@@ -1031,7 +1017,6 @@ async def test_a_secret_the_caller_passes_per_request_stays_out_of_our_frames(
 ) -> None:
     """A proxy password or a cookie given in extra_args, and a request that fails: no frame
     of ours shows them (gql's own Client frames hold the caller's arguments)."""
-    caplog.set_level(logging.INFO, logger="gql.transport.aiohttp")
     password = "per-request-proxy-password"
     async with Client(transport=build_transport(kind, emulator)) as session:
         await session.execute(COUNT)
@@ -1056,15 +1041,6 @@ def way(request: pytest.FixtureRequest) -> Way:
     return request.param  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-def quiet_stacks(caplog: pytest.LogCaptureFixture) -> None:
-    """gql's transports log each raw answer at DEBUG, and httpcore each answer's headers:
-    their records, out of this package's reach, would trip the leak scanner of
-    conftest.py; the scan here is of the errors."""
-    for logger in ("gql.transport", "httpcore", "httpcore2"):
-        caplog.set_level(logging.INFO, logger=logger)
-
-
 def _transport(
     way: Way, method: str, emulator: Emulator, clock: ManualClock, **kwargs: Any
 ) -> Any:
@@ -1087,7 +1063,7 @@ def _failed_call(way: Way, transport: Any) -> BaseException:
 
 @pytest.mark.parametrize("status", [401, 500, 502])
 @pytest.mark.parametrize("method", ["api_key", "oauth2"])
-@pytest.mark.usefixtures("quiet_stacks", "no_resource_left_open")
+@pytest.mark.usefixtures("no_resource_left_open")
 def test_an_http_error_quoting_the_credential_keeps_it_nowhere_in_its_chain(
     emulator: Emulator, clock: ManualClock, way: Way, method: str, status: int
 ) -> None:
@@ -1105,7 +1081,7 @@ def test_an_http_error_quoting_the_credential_keeps_it_nowhere_in_its_chain(
 
 
 @pytest.mark.parametrize("method", ["api_key", "oauth2"])
-@pytest.mark.usefixtures("quiet_stacks", "no_resource_left_open")
+@pytest.mark.usefixtures("no_resource_left_open")
 def test_a_credential_quoted_in_a_response_header_only_shows_nowhere_in_the_chain(
     emulator: Emulator, clock: ManualClock, way: Way, method: str
 ) -> None:
@@ -1118,7 +1094,7 @@ def test_a_credential_quoted_in_a_response_header_only_shows_nowhere_in_the_chai
     assert shown(error, [emulator.recent_client.client_secret, *_sent(emulator)]) == []
 
 
-@pytest.mark.usefixtures("quiet_stacks", "no_resource_left_open")
+@pytest.mark.usefixtures("no_resource_left_open")
 def test_a_secret_quoted_back_escaped_or_encoded_shows_nowhere_in_the_chain(
     emulator: Emulator, clock: ManualClock, way: Way
 ) -> None:
@@ -1139,7 +1115,7 @@ def test_a_secret_quoted_back_escaped_or_encoded_shows_nowhere_in_the_chain(
 
 
 @pytest.mark.parametrize("method", ["api_key", "oauth2"])
-@pytest.mark.usefixtures("quiet_stacks", "no_resource_left_open")
+@pytest.mark.usefixtures("no_resource_left_open")
 def test_a_redirect_body_quoting_the_credential_shows_nowhere_in_the_chain(
     emulator: Emulator, clock: ManualClock, way: Way, method: str
 ) -> None:

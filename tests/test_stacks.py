@@ -408,20 +408,11 @@ def _ours(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "gql_service_auth"]
 
 
-@pytest.fixture
-def quiet_gql(caplog: pytest.LogCaptureFixture) -> None:
-    """gql's transports log each raw answer at DEBUG: gql's records, out of this package's
-    reach, which would trip the leak scanner of conftest.py; its scan is of the rest."""
-    for stack in ("requests", "httpx"):
-        caplog.set_level(logging.INFO, logger=f"gql.transport.{stack}")
-
-
 def _forbidden(text: str) -> dict[str, object]:
     error = {"message": f"not allowed for {text}", "extensions": {"code": "FORBIDDEN"}}
     return {"data": None, "errors": [error]}
 
 
-@pytest.mark.usefixtures("quiet_gql")
 def test_a_credential_quoted_back_by_the_api_is_scrubbed_from_the_error(
     way: Way, oauth2: Callable[..., Any], emulator: Emulator
 ) -> None:

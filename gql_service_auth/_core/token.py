@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from .constants import BEARER_SCHEME, EXPIRY_GUARD
+from .log_secrets import remember
 
 
 class Clock(Protocol):
@@ -109,6 +110,9 @@ class AccessToken:
     renew_at: float
     expires_at: float
     usable_until: float = float("inf")
+
+    def __post_init__(self) -> None:
+        remember(self.value)  # kept out of gql's own log records
 
     @property
     def authorization(self) -> str:

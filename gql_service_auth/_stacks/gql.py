@@ -21,6 +21,7 @@ from gql.transport.exceptions import (
 )
 from graphql import DocumentNode, ExecutionResult, OperationDefinitionNode
 
+from .._core import log_secrets
 from .._core.errors import (
     ApiKeyRejectedError,
     ApiKeyRejectedHTTPError,
@@ -46,6 +47,10 @@ from .._core.token import AccessToken
 from .._core.tokens import TokenManager
 
 _T = TypeVar("_T")
+
+# gql's transports log every answer at DEBUG before the package sees it: the credentials
+# of this process are replaced in their records (see _core/log_secrets.py).
+log_secrets.install()
 
 # What a request sends, read off gql's GraphQLRequest before the first await: gql 3
 # style calls (execute(doc, variable_values=...)) rewrite a shared request in place.
