@@ -22,6 +22,7 @@ from support import (
     Stack,
     collect_garbage,
     exception_texts,
+    stack_and_method,
 )
 
 from gql_service_auth import ApiKeyTransport, AuthEvent, OAuth2Transport
@@ -41,8 +42,33 @@ SLOW_FIRST = ("test_bench.py",)
 order, and a 35 s test taken last would leave the other worker idle meanwhile."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path.name not in SLOW_FIRST)  # stable: else as collected
+    # A test of one stack's own behaviour (its keywords, its client's features) is marked
+    # stacks("aiohttp", reason=...): it runs on those stacks alone.
+    kept, dropped = [], []
+    for item in items:
+        marker = item.get_closest_marker("stacks")
+        stack = _stack_of(item)
+        if marker is not None and stack is not None and stack not in marker.args:
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _stack_of(item: pytest.Item) -> str | None:
+    """The stack a test runs on: its ``stack`` fixture's, or its ``kind``'s."""
+    params = getattr(item, "callspec", None)
+    if params is None:
+        return None
+    stack = params.params.get("stack")
+    if isinstance(stack, Stack):
+        return stack.name
+    kind = params.params.get("kind")
+    return stack_and_method(kind)[0].name if isinstance(kind, str) else None
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gql import Client, FileVar, GraphQLRequest, gql
 from gql.transport.aiohttp import AIOHTTPTransport
+from gql.transport.httpx import HTTPXAsyncTransport
 from yarl import URL
 
 from gql_service_auth import (
@@ -38,6 +39,7 @@ from gql_service_auth import (
     UnauthenticatedError,
 )
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
+from gql_service_auth.httpx import ApiKeyHTTPXAsyncTransport, OAuth2HTTPXAsyncTransport
 
 if TYPE_CHECKING:
     import pytest
@@ -418,8 +420,46 @@ class Stack:
         return method if self is STACKS[0] else f"{self.name}-{method}"
 
 
-STACKS = [Stack("aiohttp", AIOHTTPTransport, ApiKeyTransport, OAuth2Transport)]
-"""Every stack the behaviour suite runs on; the first is the default."""
+ALL_STACKS = [
+    Stack("aiohttp", AIOHTTPTransport, ApiKeyTransport, OAuth2Transport),
+    Stack("httpx", HTTPXAsyncTransport, ApiKeyHTTPXAsyncTransport, OAuth2HTTPXAsyncTransport),
+]
+"""Every async stack the behaviour suite can run on; the first is the default. The sync
+stacks and trio run the cross-stack suite, ``test_stacks.py`` (``ways.py``)."""
+
+STACKS = [
+    stack
+    for stack in ALL_STACKS
+    if stack.name in os.environ.get("GQL_SERVICE_AUTH_STACKS", ALL_STACKS[0].name).split(",")
+]
+"""The stacks this run's behaviour suite runs on: ``GQL_SERVICE_AUTH_STACKS`` names them
+(comma-separated; aiohttp alone by default; ``make test-stacks`` runs them all)."""
+
+STACK_REASONS = {
+    "kw": (
+        "aiohttp's own keywords (client_session_args, its session's proxy, trace configs, "
+        "response_class); the other stacks': test_stacks.py, test_stack_proxies.py"
+    ),
+    "sub": "gql's subscriptions over HTTP multipart are its aiohttp transport's alone",
+    "aio": (
+        "what gql's aiohttp transport is and says (its class, positional order, yarl URLs, "
+        "its 401 text, its error types)"
+    ),
+    "loops": (
+        "aiohttp's transports keep a session per event loop, so one transport serves loops "
+        "and threads; gql's httpx transport holds one client (threads: test_stacks.py)"
+    ),
+    "upload": (
+        "aiohttp's transports never send an upload twice, so it asks for a token with "
+        "margin; httpx re-sends one whose files can seek (test_stacks.py)"
+    ),
+    "redirect": (
+        "aiohttp follows redirects by default, httpx not (httpx's: test_stacks.py, "
+        "test_redirects.py)"
+    ),
+}
+"""Why a test runs on some stacks alone (``pytest.mark.stacks``)."""
+
 
 KINDS = [stack.kind(method) for stack in STACKS for method in ("api_key", "oauth2")]
 """Our transports on every stack, for tests parametrized over them ("gql" adds gql's own)."""

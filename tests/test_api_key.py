@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from gql import Client
 from gql.transport.exceptions import TransportQueryError
-from support import CARRIERS
+from support import CARRIERS, STACK_REASONS
 
 from gql_service_auth import ApiKeyRejectedError, ApiKeyTransport
 from gql_service_auth.emulator import Emulator
@@ -28,6 +28,7 @@ async def test_sends_api_key_header_and_never_requests_a_token(
     assert emulator.counters.token_requests == 0
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 async def test_legacy_credentials_are_refused_with_the_rule_explained(
     emulator: Emulator, make_api_key: Callable[..., ApiKeyTransport]
 ) -> None:

@@ -15,6 +15,7 @@ from gql import Client
 from support import (
     ANSWER,
     COUNT,
+    STACK_REASONS,
     execute_on_threads,
     wait_until,
 )
@@ -88,6 +89,7 @@ def test_sync_execute_from_two_threads_shares_the_token(
     assert emulator.counters.graphql_requests == 4
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 async def test_callers_on_two_loops_share_one_fetch(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -112,6 +114,7 @@ async def test_callers_on_two_loops_share_one_fetch(
     assert emulator.counters.token_requests == 1
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 def test_a_fetch_outlives_the_loop_that_asked_for_it(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -151,6 +154,7 @@ async def test_each_caller_gets_its_own_copy_of_a_fetch_error(
     assert emulator.counters.token_requests == 1
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 def test_threads_share_one_transport_concurrently(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:

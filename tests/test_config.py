@@ -11,6 +11,7 @@ from gql import Client
 from support import (
     COUNT,
     ONE_ATTEMPT,
+    STACK_REASONS,
     query,
     unfolded,
 )
@@ -388,6 +389,7 @@ def test_the_retry_backoff_doubles_up_to_its_cap_plus_jitter() -> None:
     assert all(0.1 <= jittered.wait_before(1) <= 0.6 for _ in range(100))
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 @pytest.mark.parametrize("args", [[("trust_env", True)], "trust_env=1", 5])
 def test_client_session_args_that_are_not_a_mapping_are_a_configuration_error(
     make_oauth2: Callable[..., OAuth2Transport], args: object

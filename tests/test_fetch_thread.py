@@ -21,6 +21,7 @@ from support import (
     ANSWER,
     COUNT,
     LEFT_OPEN,
+    STACK_REASONS,
     Outcome,
     collect_garbage,
     finish,
@@ -65,6 +66,7 @@ def test_a_fetch_abandoned_by_a_timed_out_sync_execute_does_not_block_other_thre
     assert emulator.counters.token_requests == 1
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 def test_a_caller_on_a_live_loop_outlasts_fetches_abandoned_by_short_lived_loops(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:

@@ -23,6 +23,7 @@ from support import (
     CHILD_PRELUDE,
     COUNT,
     KINDS,
+    STACK_REASONS,
     bare_401s,
     blocking_execute,
     build_transport,
@@ -43,6 +44,7 @@ from gql_service_auth import OAuth2Transport
 from gql_service_auth.emulator import Emulator, ManualClock
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 @pytest.mark.usefixtures("no_resource_left_open")
 def test_a_forked_child_does_not_wait_on_the_parents_fetch(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
@@ -81,6 +83,7 @@ def test_a_forked_child_renews_for_itself_while_the_parents_renewal_runs(
     assert emulator.counters.token_requests == 3  # first, the parent's and the child's renewal
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.usefixtures("no_resource_left_open")
 def test_a_forked_child_does_not_reuse_the_parents_connected_session(
@@ -154,6 +157,7 @@ def test_a_forked_child_exits_without_touching_its_parents_connections(cls: str)
     assert "Unclosed" not in done.stderr
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 async def test_fork_while_a_background_renewal_is_in_flight(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from gql import Client
 from gql.transport.exceptions import TransportConnectionFailed
-from support import COUNT
+from support import COUNT, STACK_REASONS
 
 from gql_service_auth import ApiKeyTransport, OAuth2Transport
 from gql_service_auth.emulator import Emulator
@@ -48,6 +48,7 @@ async def proxy() -> AsyncIterator[RecordingProxy]:
         await server.wait_closed()
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 @pytest.mark.parametrize("kind", ["api_key", "oauth2"])
 async def test_the_proxy_sees_no_credential_in_the_connect_request(
     emulator: Emulator,

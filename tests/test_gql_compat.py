@@ -29,6 +29,7 @@ from support import (
     COUNT,
     GQL_401,
     KINDS,
+    STACK_REASONS,
     UPLOAD,
     build_transport,
     connected,
@@ -55,6 +56,7 @@ def _bare_401(emulator: Emulator) -> None:
     emulator.refuse_all_tokens = True
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 async def test_url_and_token_url_may_be_yarl_urls(
     emulator: Emulator,
     make_api_key: Callable[..., ApiKeyTransport],
@@ -102,6 +104,7 @@ def test_a_relative_or_odd_url_is_refused(url: object) -> None:
         ApiKeyTransport(url, client_id="id", client_secret="s")  # type: ignore[arg-type]
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 async def test_a_bare_401_to_the_api_key_is_gqls_error_and_ours(
     emulator: Emulator, make_api_key: Callable[..., ApiKeyTransport]
 ) -> None:
@@ -121,6 +124,7 @@ async def test_a_bare_401_to_the_api_key_is_gqls_error_and_ours(
     assert emulator.counters.graphql_requests == 1
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 async def test_a_bare_401_to_an_api_key_batch_is_gqls_error_and_ours(
     emulator: Emulator, make_api_key: Callable[..., ApiKeyTransport]
 ) -> None:
@@ -132,6 +136,7 @@ async def test_a_bare_401_to_an_api_key_batch_is_gqls_error_and_ours(
     assert (caught.value.code, GQL_401 in str(caught.value)) == (401, True)
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 async def test_a_bare_401_after_spent_renewals_is_gqls_error_and_ours(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -173,6 +178,7 @@ async def test_a_reconnecting_session_does_not_retry_a_bare_401(
     assert emulator.counters.graphql_requests == (1 if kind == "api_key" else 2)
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["sub"])
 @pytest.mark.parametrize("kind", ["api_key", "oauth2"])
 async def test_a_401_to_a_subscription_is_gqls_error_and_ours(
     emulator: Emulator,
@@ -204,6 +210,7 @@ async def test_unauthenticated_in_a_graphql_body_stays_a_query_error_only(
     assert caught.value.errors is not None
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.usefixtures("no_resource_left_open")
 async def test_gqls_positional_arguments_are_accepted_in_gqls_order(
@@ -223,6 +230,7 @@ async def test_gqls_positional_arguments_are_accepted_in_gqls_order(
     assert [(h.get("X-Trace"), h.get("Cookie")) for h in sent] == [("1", "trace=c")]
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 async def test_yarl_urls_with_a_query_or_a_fragment_work_for_url_and_token_url(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -245,6 +253,7 @@ def test_a_session_connected_on_a_loop_serves_another_thread_running_that_loop(
     assert result == ANSWER
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 @pytest.mark.parametrize("kind", ["gql", *KINDS])
 @pytest.mark.usefixtures("no_resource_left_open")
 def test_closing_on_the_loop_from_another_thread_closes_the_session(

@@ -13,7 +13,7 @@ from gql import Client, GraphQLRequest, gql
 from gql.dsl import DSLQuery, DSLSchema, dsl_gql
 from gql.transport.aiohttp import AIOHTTPTransport
 from gql.transport.exceptions import TransportQueryError, TransportServerError
-from support import CARRIERS, COUNT, upload
+from support import CARRIERS, COUNT, STACK_REASONS, upload
 
 from gql_service_auth import ApiKeyTransport, OAuth2Transport
 from gql_service_auth.emulator import Emulator
@@ -31,6 +31,7 @@ def make_transport(
     return make_oauth2 if request.param == "oauth2" else make_api_key
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 def test_is_an_aiohttp_transport(make_transport: Factory) -> None:
     """Both transports are AIOHTTPTransport subclasses, usable wherever one is expected."""
     assert isinstance(make_transport(), AIOHTTPTransport)
@@ -118,6 +119,7 @@ async def test_file_upload(emulator: Emulator, make_transport: Factory) -> None:
     assert emulator.counters.mutations_run == 1
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["sub"])
 async def test_subscription_requests_are_authenticated(
     emulator: Emulator, make_transport: Factory
 ) -> None:
@@ -129,6 +131,7 @@ async def test_subscription_requests_are_authenticated(
     assert emulator.requests[-1].auth_scheme in ("Bearer", "SERVICE-API-KEY")
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 async def test_parent_keywords_keep_working(emulator: Emulator, make_transport: Factory) -> None:
     """headers, timeout, json_serialize and client_session_args reach aiohttp as before."""
     serialized: list[Any] = []
@@ -149,6 +152,7 @@ async def test_parent_keywords_keep_working(emulator: Emulator, make_transport: 
     assert emulator.requests[-1].headers["X-Team"] == "billing"
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 async def test_server_errors_keep_gql_types_without_headers_in_the_chain(
     emulator: Emulator, make_transport: Factory
 ) -> None:

@@ -12,6 +12,7 @@ from support import (
     CARRIER,
     COUNT,
     RENAME,
+    STACK_REASONS,
     TICKS,
     UNAUTHENTICATED_ERROR,
     upload,
@@ -179,6 +180,7 @@ async def test_refusal_with_data_is_not_resent(
     assert emulator.counters.token_requests == 2
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["upload"])
 async def test_upload_renews_a_token_that_would_expire_soon(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -195,6 +197,7 @@ async def test_upload_renews_a_token_that_would_expire_soon(
     assert emulator.counters.unauthenticated_responses == 0
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["upload"])
 @pytest.mark.parametrize("body", [True, False], ids=["UNAUTHENTICATED", "bare-401"])
 async def test_refused_upload_is_not_resent(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], body: bool
@@ -255,6 +258,7 @@ async def test_refused_batch_exhausts_into_service_errors(
     assert emulator.counters.graphql_requests == 2
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["sub"])
 async def test_refused_subscription_drops_the_token(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:

@@ -22,6 +22,7 @@ from gql import Client
 from support import (
     COUNT,
     HANG_GUARD,
+    STACK_REASONS,
     execute_on_threads,
     quiet,
     renewed,
@@ -79,6 +80,7 @@ async def test_queries_past_renew_at_use_the_current_token_while_one_renewal_run
     assert [e.reason for e in events if e.name == "token_fetched"] == ["initial", "expiring"]
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["upload"])
 async def test_an_upload_past_renew_at_waits_for_the_renewal_under_way(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -246,6 +248,7 @@ def test_sync_callers_get_the_renewal_their_call_started(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 async def test_close_leaves_nothing_behind_while_a_renewal_runs(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -313,6 +316,7 @@ def test_a_program_that_exits_mid_renewal_exits_cleanly(emulator: Emulator) -> N
     assert quiet(done.stderr) == ""  # dev mode's notes of slow steps are the machine's
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["upload"])
 async def test_an_upload_goes_out_with_the_current_token_when_renewal_fails(
     emulator: Emulator,
     clock: ManualClock,
@@ -344,6 +348,7 @@ async def test_an_upload_goes_out_with_the_current_token_when_renewal_fails(
     assert [e.reason for e in events if e.name == "token_request_failed"] == ["expired"]
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 def test_threads_past_renew_at_share_one_background_renewal(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -473,6 +478,7 @@ async def test_uploads_within_the_renewal_backoff_fetch_nothing(
     assert not named(events, "token_request_failed")
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["upload"])
 async def test_an_upload_waiting_on_a_failed_renewal_is_sent_and_no_request_fails(
     emulator: Emulator,
     clock: ManualClock,
@@ -547,6 +553,7 @@ async def test_refusal_then_background_failure_then_foreground(
     assert emulator.counters.token_requests == 1 + 4 + 1
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["upload"])
 def test_execute_timeout_while_background_renewal_runs(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:

@@ -19,6 +19,7 @@ from gql import Client
 from gql.transport.exceptions import TransportQueryError
 from support import (
     COUNT,
+    STACK_REASONS,
     execute_on_threads,
     renewed,
     wait_until,
@@ -35,6 +36,7 @@ def sent(emulator: Emulator) -> list[str]:
     return [r.headers.get("Authorization", "") for r in emulator.requests if r.path == "/graphql"]
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["loops"])
 def test_the_api_key_goes_with_every_loop_and_thread(
     emulator: Emulator, make_api_key: Callable[..., ApiKeyTransport]
 ) -> None:
@@ -73,6 +75,7 @@ async def test_extra_args_headers_travel_and_the_callers_authorization_is_sent_a
     assert extra == {"headers": {"Authorization": "Bearer not-mine", "X-Trace": "7"}}
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 async def test_client_session_headers_travel_with_the_api_key(
     emulator: Emulator, make_api_key: Callable[..., ApiKeyTransport]
 ) -> None:

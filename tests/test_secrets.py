@@ -33,6 +33,7 @@ from support import (
     NO_WAIT,
     ONE_ATTEMPT,
     SLOW_MACHINE,
+    STACK_REASONS,
     TICKS,
     build_transport,
     closed_port,
@@ -269,6 +270,7 @@ async def _loopback(
         await server.wait_closed()
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["redirect"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.usefixtures("no_resource_left_open")
 async def test_a_redirect_loop_error_shows_no_credential(emulator: Emulator, kind: str) -> None:
@@ -420,6 +422,7 @@ def test_a_timed_out_call_leaves_no_credential_in_its_chain(emulator: Emulator, 
     assert shown(outcome, [emulator.recent_client.client_secret, *_credentials(sent)]) == []
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["sub"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.usefixtures("no_resource_left_open")
 async def test_a_failed_subscription_leaves_no_credential_in_its_chain(
@@ -436,6 +439,7 @@ async def test_a_failed_subscription_leaves_no_credential_in_its_chain(
     assert shown(info.value, secrets) == []
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["sub"])
 @pytest.mark.parametrize("status", [401, 502])
 async def test_subscription_server_errors_are_scrubbed(
     emulator: Emulator,
@@ -503,6 +507,7 @@ def other_host() -> Iterator[Emulator]:
         yield running
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["redirect"])
 @pytest.mark.parametrize("kind", ["oauth2", "api_key"])
 async def test_credentials_do_not_follow_a_redirect_to_another_host(
     emulator: Emulator,
@@ -676,6 +681,7 @@ async def test_proxy_credentials_echoed_back_never_reach_the_error(
     assert shown(caught.value, _proxy_secrets("tester", PROXY_PASSWORD)) == []
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 async def test_credentials_of_the_environments_proxy_echoed_back_never_reach_the_error(
     emulator: Emulator,
     make_oauth2: Callable[..., OAuth2Transport],
@@ -698,6 +704,7 @@ async def test_credentials_of_the_environments_proxy_echoed_back_never_reach_the
 NOT_LATIN_1 = PROXY_PASSWORD + "\u20ac"
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 @pytest.mark.parametrize("how", ["token_proxy", "proxy_auth", "client_session_args"])
 def test_proxy_credentials_aiohttp_cannot_send_are_refused_without_showing_them(
     make_oauth2: Callable[..., OAuth2Transport], how: str
@@ -724,6 +731,7 @@ def _basic_auth(password: str) -> Any:
         return aiohttp.BasicAuth("tester", password)
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 async def test_an_environment_proxy_password_aiohttp_cannot_send_is_not_shown(
     emulator: Emulator,
     make_oauth2: Callable[..., OAuth2Transport],
@@ -888,6 +896,7 @@ async def test_a_failing_trace_callback_of_the_token_session_leaves_no_secret_in
     assert shown(caught.value, [client.client_secret, basic]) == []
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 @pytest.mark.parametrize("kind", ["api_key", "oauth2"])
 async def test_a_failing_trace_callback_of_the_graphql_session_leaves_no_credential_in_frames(
     emulator: Emulator,
@@ -970,6 +979,7 @@ def _sent(emulator: Emulator) -> list[str]:
     return _credentials(r.headers.get("Authorization", "") for r in emulator.requests)
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("code", ["FORBIDDEN", "UNAUTHENTICATED"])
 @pytest.mark.usefixtures("no_resource_left_open")

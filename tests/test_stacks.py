@@ -7,8 +7,10 @@ got. A test of one stack's own behaviour says so, and runs on those stacks alone
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
+import pickle
 import time
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +78,16 @@ def oauth2(
         )
 
     return make
+
+
+def _of_method(way: Way, method: str, emulator: Emulator, oauth2: Callable[[], Any]) -> Any:
+    """The way's API key transport for the emulator's recent client, or ``oauth2()``."""
+    if method != "api_key":
+        return oauth2()
+    client = emulator.recent_client
+    return way.api_key(
+        emulator.graphql_url, client_id=client.client_id, client_secret=client.client_secret
+    )
 
 
 def answers(results: list[object]) -> list[object]:
@@ -238,14 +250,7 @@ def test_the_callers_own_authorization_is_sent_as_it_is_and_never_again(
     """Given in extra_args (any case): neither replaced nor sent again, on every stack."""
     headers = {"authorization": "Bearer not-ours"}
     own = Call([GraphQLRequest(COUNT)] if batch else COUNT, {"extra_args": {"headers": headers}})
-    client = emulator.recent_client
-    transport = (
-        way.api_key(
-            emulator.graphql_url, client_id=client.client_id, client_secret=client.client_secret
-        )
-        if method == "api_key"
-        else oauth2()
-    )
+    transport = _of_method(way, method, emulator, lambda: oauth2())
     with pytest.raises(TransportQueryError) as caught:
         way.one(transport, own)
     assert not isinstance(caught.value, UnauthenticatedError | ApiKeyRejectedError)
@@ -283,14 +288,7 @@ def test_the_transports_own_client_signs_only_its_apis_origin(
 ) -> None:
     """A request the caller sends through the transport's client to another origin
     (localhost is not 127.0.0.1) goes unsigned."""
-    client = emulator.recent_client
-    transport = (
-        way.api_key(
-            emulator.graphql_url, client_id=client.client_id, client_secret=client.client_secret
-        )
-        if method == "api_key"
-        else oauth2()
-    )
+    transport = _of_method(way, method, emulator, lambda: oauth2())
     other = emulator.graphql_url.replace("127.0.0.1", "localhost")
     with Client(transport=transport):
         http = transport.session if way.name == "requests" else transport.client
@@ -298,6 +296,33 @@ def test_the_transports_own_client_signs_only_its_apis_origin(
     (sent,) = [r.headers for r in emulator.requests if r.path == "/graphql"]
     assert "Authorization" not in sent
     assert emulator.counters.token_requests == 0
+
+
+@pytest.mark.parametrize("method", ["api_key", "oauth2"])
+def test_a_connected_transport_copies_and_pickles_and_the_copies_work(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator, method: str
+) -> None:
+    """copy.deepcopy and pickle of a transport in use copy its settings; each copy
+    connects anew and shares the token (httpx's could not be copied while connected)."""
+    transport = _of_method(
+        way, method, emulator, lambda: oauth2(clock=time.monotonic, on_event=None)
+    )
+    copies: list[Any] = []
+
+    def copy_it() -> object:
+        copies.extend([copy.deepcopy(transport), pickle.loads(pickle.dumps(transport))])
+        return ANSWER
+
+    way.run(transport, [Call(COUNT), Call(COUNT)])
+    if way.loop is None:  # connected: a sync session stays open between calls
+        with Client(transport=transport) as session:
+            session.execute(COUNT)
+            copy_it()
+    else:
+        copy_it()
+    for copied in copies:
+        assert way.one(copied, Call(COUNT)) == ANSWER
+    assert emulator.counters.token_requests == (1 if method == "oauth2" else 0)
 
 
 def test_api_key_is_sent_and_a_refused_one_explained(way: Way, emulator: Emulator) -> None:

@@ -21,6 +21,7 @@ from gql import Client
 from gql.transport.exceptions import TransportConnectionFailed
 from support import (
     COUNT,
+    STACK_REASONS,
     Proxy,
     closed_port,
     exception_chain,
@@ -41,6 +42,8 @@ from gql_service_auth import (
 from gql_service_auth.emulator import Emulator
 
 _UNROUTABLE_PROXY = "http://192.0.2.1:3128"  # TEST-NET-1, never connected to: refused first
+
+pytestmark = pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 
 
 def _leak_shaped() -> str:

@@ -11,6 +11,7 @@ import pytest
 from gql import Client, FileVar, GraphQLRequest
 from support import (
     COUNT,
+    STACK_REASONS,
     UPLOAD,
     hold_token_fetch,
     settle,
@@ -53,6 +54,7 @@ async def test_concurrent_uploads_sharing_a_request_each_send_their_own_file(
     assert uploaded == sorted((f"{size}.txt", size) for size in sizes)
 
 
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["kw"])
 async def test_concurrent_uploads_on_a_valid_token_do_not_close_each_others_files(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], tmp_path: Path
 ) -> None:

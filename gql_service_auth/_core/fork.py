@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ForkAware(Protocol):
@@ -69,3 +69,17 @@ class DropsClientInChild:
 
     def _connect_in_child(self) -> None:
         self.connect()  # type: ignore[attr-defined]  # gql's sync connect
+
+    # pickle and copy.deepcopy copy the settings, and the copy connects anew, as the aiohttp
+    # transports' do: an HTTP client holds sockets and locks (httpx's cannot be copied at
+    # all), and the last answer's headers may quote a credential.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state[self._client_attribute] = None
+        if "response_headers" in state:
+            state["response_headers"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        reset_in_child(self)
