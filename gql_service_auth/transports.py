@@ -60,6 +60,7 @@ from ._stacks.gql import (
     sent_batch,
     settled,
     snapshot,
+    stream_as_given,
     subscription_refused,
 )
 from ._stacks.options import TokenOptions, check_known, oauth2_settings
@@ -268,17 +269,22 @@ class ApiKeyTransport(AuthenticatingTransport):
         extra_args: dict[str, Any] | None = None,
     ) -> AsyncGenerator[ExecutionResult, None]:
         """Subscribe over HTTP multipart with the API key; see gql's ``subscribe``."""
-        stream = guarded(
-            super().subscribe(
-                request,
-                extra_args=with_authorization(
-                    extra_args, self._credentials.api_key_authorization()
+        extra_args, given = callers_own(extra_args)
+        if given:  # the caller's own Authorization: sent as it is
+            parent = super().subscribe(request, extra_args=extra_args)
+            stream = stream_as_given(parent, self._secrets())
+        else:
+            stream = guarded(
+                super().subscribe(
+                    request,
+                    extra_args=with_authorization(
+                        extra_args, self._credentials.api_key_authorization()
+                    ),
                 ),
-            ),
-            self._secrets,
-            on_refusal=_nothing,
-            on_401=lambda bare: api_key_error(bare, []),
-        )
+                self._secrets,
+                on_refusal=_nothing,
+                on_401=lambda bare: api_key_error(bare, []),
+            )
         async with contextlib.aclosing(stream):
             async for result in stream:
                 yield result
@@ -566,6 +572,14 @@ class OAuth2Transport(AuthenticatingTransport):
 
         A stream is never re-sent; a refusal drops the token so the next call renews it.
         """
+        extra_args, given = callers_own(extra_args)
+        if given:  # the caller's own Authorization: sent as it is, and no token fetched
+            secrets = [self._credentials.client_secret]
+            own = stream_as_given(super().subscribe(request, extra_args=extra_args), secrets)
+            async with contextlib.aclosing(own):
+                async for result in own:
+                    yield result
+            return
         request = rebuild(snapshot(request))
         token = await first_token(self._tokens)
 

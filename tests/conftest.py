@@ -177,6 +177,7 @@ def make_oauth2(
 
     def make(client: ClientRecord | None = None, **kwargs: Any) -> OAuth2Transport:
         client = client or emulator.recent_client
+        kwargs = {**stack.defaults, **kwargs}
         kwargs.setdefault("retry", NO_WAIT)
         kwargs.setdefault("clock", clock)
         kwargs.setdefault("on_event", events.append)
@@ -201,7 +202,7 @@ def make_api_key(emulator: Emulator, stack: Stack) -> Callable[..., ApiKeyTransp
             emulator.graphql_url,
             client_id=client.client_id,
             client_secret=client.client_secret,
-            **kwargs,
+            **{**stack.defaults, **kwargs},
         )
 
     return make

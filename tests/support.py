@@ -413,6 +413,8 @@ class Stack:
     gql: type[Any]
     api_key: type[Any]
     oauth2: type[Any]
+    #: Keywords every transport of the stack is built with, unless a test gives its own.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def kind(self, method: str) -> str:
         """The ``kind`` of this stack's transport for ``method`` ("api_key", "oauth2",
@@ -422,7 +424,15 @@ class Stack:
 
 ALL_STACKS = [
     Stack("aiohttp", AIOHTTPTransport, ApiKeyTransport, OAuth2Transport),
-    Stack("httpx", HTTPXAsyncTransport, ApiKeyHTTPXAsyncTransport, OAuth2HTTPXAsyncTransport),
+    # httpx bounds the wait for a pooled connection (5 s by default): a thousand queries on
+    # a busy machine wait longer for its 100 connections. A guard, as HANG_GUARD is.
+    Stack(
+        "httpx",
+        HTTPXAsyncTransport,
+        ApiKeyHTTPXAsyncTransport,
+        OAuth2HTTPXAsyncTransport,
+        defaults={"timeout": HANG_GUARD},
+    ),
 ]
 """Every async stack the behaviour suite can run on; the first is the default. The sync
 stacks and trio run the cross-stack suite, ``test_stacks.py`` (``ways.py``)."""
@@ -489,6 +499,7 @@ def build_transport(
     """
     client, url = emulator.recent_client, url or emulator.graphql_url
     stack, method = stack_and_method(kind)
+    kwargs = {**stack.defaults, **kwargs}
     if method == "gql":
         key = f"SERVICE-API-KEY {client.client_id}:{client.client_secret}"
         return stack.gql(url, headers={"Authorization": key})  # type: ignore[no-any-return]

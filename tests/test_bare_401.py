@@ -25,7 +25,6 @@ from support import (
     RENAME,
     STACK_REASONS,
     UNAUTHENTICATED_ERROR,
-    Stack,
     bare_401s,
     blocking_execute,
 )
@@ -39,13 +38,6 @@ from gql_service_auth import (
     UnauthenticatedHTTPError,
 )
 from gql_service_auth.emulator import Emulator
-
-KNOWN_HTTPX_PAUSED_401 = (
-    "known: on requests and httpx, a call failing fast in a pause caused by bare 401s "
-    "raises UnauthenticatedError, not UnauthenticatedHTTPError (docs/errors.md promises "
-    "the latter): the token manager keeps their refused answer as a live response, not "
-    "as gql's TransportServerError (a Bare401)"
-)
 
 
 async def test_an_oauth2_batch_refused_with_a_bare_401_is_renewed_and_resent_once(
@@ -154,17 +146,14 @@ async def test_an_api_key_batch_refused_with_a_bare_401_in_a_reconnecting_sessio
     assert emulator.counters.graphql_requests == 1
 
 
+# Every stack's: test_stacks.py. Here aiohttp's 401 text and its subscriptions too.
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["aio"])
 async def test_a_call_failing_fast_while_bare_401s_pause_renewals_is_gqls_error_too(
-    emulator: Emulator,
-    make_oauth2: Callable[..., OAuth2Transport],
-    stack: Stack,
-    request: pytest.FixtureRequest,
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
     """The next call after renewals were spent on bare 401s ends at once, in the pause they
     caused: code written for gql, which saw a TransportServerError (401) for the first,
     must catch the second as one too, not as a TransportQueryError without errors."""
-    if stack.name == "httpx":  # strict: it fails until mended, then says so
-        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_HTTPX_PAUSED_401))
     bare_401s(emulator)
     emulator.refuse_all_tokens = True
     policy = RetryPolicy(wait_initial=5, wait_max=5, wait_jitter=0)

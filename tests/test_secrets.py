@@ -27,6 +27,7 @@ from gql.transport.exceptions import (
 from redis_server import RedisServer
 from support import (
     ANSWER,
+    CARRIER_RENAMED,
     CARRIERS,
     COUNT,
     KINDS,
@@ -1183,3 +1184,68 @@ def test_a_refused_proxy_leaves_no_password_in_frames_before_any_token_fetch() -
     yarl's included."""
     done = run_python(FRESH_CONSTRUCTORS)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+# -- gql's and httpcore's DEBUG records (_core/log_secrets.py) ---------------------------
+
+
+@pytest.mark.parametrize("way", EVERY_WAY, ids=lambda way: way.name)
+def test_a_secret_quoted_escaped_or_percent_encoded_stays_out_of_every_log_record(
+    way: Way, emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The API quotes the client secret as sent, JSON-escaped and percent-encoded, in its
+    body and a header: gql's DEBUG record of the body and httpcore's of the headers show
+    none of them."""
+    caplog.set_level(logging.DEBUG)
+    secret = "s3cr3t/KEY+9x=Q7w<&>-" + emulator.recent_client.client_secret[-8:]
+    client = ClientRecord("emu-escaped-client", secret)
+    emulator.clients[client.client_id] = client
+    escaped = secret.replace("/", "\\/")  # as PHP writes JSON; never the secret as sent
+    percent = urllib.parse.quote(secret, safe="")
+    message = f"bad key {escaped} {percent}"
+    body = '{"data": null, "errors": [{"message": "' + message + '"}]}'
+    emulator.fail_graphql_requests(
+        1, body=body.encode(), headers={"X-Echo": percent, "Content-Type": "application/json"}
+    )
+    transport = way.api_key(emulator.graphql_url, client_id=client.client_id, client_secret=secret)
+    with pytest.raises(TransportQueryError):
+        way.one(transport, Call(COUNT))
+    forms = [secret, escaped, percent]
+    assert caplog.records
+    assert [r.name for r in caplog.records if any(f in r.getMessage() for f in forms)] == []
+
+
+async def test_the_client_secret_stays_out_of_the_logs_after_many_tokens(
+    emulator: Emulator, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A long-lived transport whose tokens were replaced 300 times: an answer quoting its
+    client secret is still replaced in gql's record (the secrets are not pushed out by the
+    tokens the process remembers)."""
+    caplog.set_level(logging.DEBUG)
+    transport = build_transport("oauth2", emulator, clock=clock)
+    async with Client(transport=transport) as session:
+        for _ in range(300):
+            emulator.revoke_tokens()
+            await session.execute(COUNT)
+        secret = emulator.recent_client.client_secret
+        emulator.fail_graphql_requests(1, body={"data": None, "errors": [{"message": secret}]})
+        caplog.clear()
+        with pytest.raises(TransportQueryError):
+            await session.execute(COUNT)
+    assert [r.name for r in caplog.records if "gql.transport" in r.name]
+    assert [r.name for r in caplog.records if secret in r.getMessage()] == []
+
+
+@pytest.mark.parametrize("kind", ["api_key", "oauth2"])
+async def test_a_subscription_with_the_callers_own_authorization_sends_it_as_it_is(
+    emulator: Emulator, kind: str
+) -> None:
+    """aiohttp's subscriptions too: the caller's header goes as given; no token fetched."""
+    headers = {"Authorization": "Bearer callers-own"}
+    async with Client(transport=build_transport(kind, emulator)) as session:
+        with pytest.raises(TransportQueryError):
+            async for _ in session.subscribe(CARRIER_RENAMED, extra_args={"headers": headers}):
+                pass
+    sent = [r.headers.get("Authorization") for r in emulator.requests if r.path == "/graphql"]
+    assert sent == ["Bearer callers-own"]
+    assert emulator.counters.token_requests == 0

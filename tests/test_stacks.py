@@ -45,6 +45,7 @@ from gql_service_auth import (
     ApiKeyRejectedError,
     ApiKeyRejectedHTTPError,
     AuthEvent,
+    RetryPolicy,
     TokenRequestError,
     UnauthenticatedError,
     UnauthenticatedHTTPError,
@@ -230,6 +231,24 @@ def test_renewals_are_bounded_and_end_with_gqls_401_error(
     assert isinstance(caught.value, TransportServerError)
     assert caught.value.code == 401
     assert emulator.counters.graphql_requests == 3
+
+
+def test_a_call_failing_fast_in_a_pause_after_bare_401s_is_gqls_401_error_too(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    """Renewals spent on bare 401s pause them: the next call fails at once, and as gql's
+    401 error (UnauthenticatedHTTPError), as the calls that met the 401s did (before, on
+    requests and httpx: an UnauthenticatedError, which code catching gql's 401 missed)."""
+    bare_401s(emulator)
+    emulator.refuse_all_tokens = True
+    transport = oauth2(retry=RetryPolicy(wait_initial=5, wait_max=5, wait_jitter=0))
+    with pytest.raises(UnauthenticatedHTTPError):
+        way.one(transport, Call(COUNT))
+    with pytest.raises(UnauthenticatedHTTPError, match="paused") as paused:
+        way.one(transport, Call(COUNT))
+    assert paused.value.code == 401
+    assert isinstance(paused.value.__cause__, TransportServerError)
+    assert emulator.counters.graphql_requests == 2  # nothing sent while paused
 
 
 def test_a_token_endpoint_failure_is_a_token_request_error_not_a_connection_failure(

@@ -44,7 +44,7 @@ class ClientCredentials:
             # The API key joins id and secret with one colon; a colon in the id would
             # make the header ambiguous.
             raise ConfigurationError("client_id must not contain ':'")
-        remember(self.client_secret)  # kept out of gql's own log records
+        remember(self.client_secret, lasting=True)  # kept out of gql's own log records
 
     def __repr__(self) -> str:
         return f"ClientCredentials(client_id={self.client_id!r}, client_secret='***')"

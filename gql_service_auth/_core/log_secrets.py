@@ -4,11 +4,11 @@ gql's transports log every answer at DEBUG (``<<< {body}``) before anything of o
 it, and httpcore every answer's headers: an error page, a GraphQL error or a header that
 quotes the token or the client secret would be written to the logs of any application that
 turns DEBUG on. The adapters install :data:`FILTER` on those loggers (:data:`LOGGERS`);
-it replaces, in each of their records, the
-credentials this process holds: every client secret given to a transport or auth, and
-the latest tokens obtained (:data:`_KEPT` of them, so a token just replaced, which an
-answer in flight may still quote, is among them). It runs only for records those loggers
-emit: nothing per request when DEBUG is off.
+it replaces, in each of their records, the credentials this process holds, in every form
+a server may quote them (as sent, JSON-escaped, percent-encoded): every client secret given
+to a transport or auth, and the latest tokens obtained (:data:`_KEPT` of them, so a token
+just replaced, which an answer in flight may still quote, is among them). It runs only for
+records those loggers emit: nothing per request when DEBUG is off.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from collections import deque
 from typing import Final
 
 _KEPT: Final = 256
-_SECRETS: deque[str] = deque(maxlen=_KEPT)
+"""Tokens remembered: the latest, of every manager of the process."""
+
+# What a server may quote of each credential (as sent, JSON-escaped, percent-encoded: see
+# redact.spellings), computed once. Client secrets are kept while the process runs: they
+# are few (one per credentials), and a run of new tokens must never push one out.
+_TOKENS: deque[tuple[str, ...]] = deque(maxlen=_KEPT)
+_CLIENT_SECRETS: dict[str, tuple[str, ...]] = {}
 _LOCK = threading.Lock()
 
 LOGGERS: Final = (
@@ -37,24 +43,36 @@ core; httpcore2 for httpx2), which log each answer's headers. A filter acts only
 records of the logger it is on, not of its children: each is named."""
 
 
-def remember(secret: str) -> None:
-    """Note a credential of this process, for :data:`FILTER` to keep out of gql's logs."""
+def remember(secret: str, *, lasting: bool = False) -> None:
+    """Note a credential of this process, for :data:`FILTER` to keep out of the logs:
+    a token, or (``lasting``) a client secret."""
+    from .redact import spellings  # at the first credential, not at import
+
+    needles = tuple(spellings([secret]))
     with _LOCK:
-        if secret not in _SECRETS:
-            _SECRETS.append(secret)
+        if lasting:
+            _CLIENT_SECRETS.setdefault(secret, needles)
+        elif needles not in _TOKENS:
+            _TOKENS.append(needles)
 
 
 class _CredentialFilter(logging.Filter):
     """Replaces the process's credentials in the records of the logger it is on."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True  # a malformed call: logging reports it, as on any logger
         with _LOCK:
-            secrets = list(_SECRETS)
-        message = record.getMessage()
-        if any(secret in message for secret in secrets):
-            from .redact import redact_text  # only when a record quotes one
+            groups = [*_CLIENT_SECRETS.values(), *_TOKENS]
+        found = [needle for needles in groups for needle in needles if needle in message]
+        if found:
+            from .redact import REDACTED
 
-            record.msg = redact_text(message, secrets)
+            for needle in sorted(found, key=len, reverse=True):  # one that holds another
+                message = message.replace(needle, REDACTED)
+            record.msg = message
             record.args = ()
         return True
 

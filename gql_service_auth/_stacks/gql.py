@@ -146,6 +146,23 @@ class Bare401:
         self.error = error
 
 
+def detached_401(answer: Answer, raise_for_status: Callable[[], object]) -> Bare401 | None:
+    """What of a requests or httpx answer a bare 401 keeps (``Sent.kept``): gql's error
+    for it, made from the stack's own error's text as gql makes it, with no response
+    behind it. ``None`` for any other answer.
+
+    So a call that fails at once while renewals pause after bare 401s is gql's 401 error
+    too, as on aiohttp (see :func:`paused_error`).
+    """
+    if not answer.bare_401:
+        return None
+    try:
+        raise_for_status()
+    except Exception as exc:  # the stack's HTTPError: its text names the status and URL
+        return Bare401(TransportServerError(str(exc), 401))
+    return Bare401(TransportServerError("401 Unauthorized", 401))
+
+
 def bare_401(exc: TransportError, secrets: Sequence[str]) -> Bare401:
     """Accept an HTTP 401 without a GraphQL body as a refusal; re-raise anything else.
 
@@ -445,6 +462,20 @@ def callers_own(extra_args: dict[str, Any] | None) -> tuple[dict[str, Any] | Non
         if text.lower() == "authorization":
             return extra_args, True
     return extra_args, False
+
+
+async def stream_as_given(
+    stream: AsyncGenerator[ExecutionResult, None], secrets: Sequence[str]
+) -> AsyncGenerator[ExecutionResult, None]:
+    """:func:`as_given` for a subscription: each result scrubbed of ``secrets``."""
+    async with contextlib.aclosing(stream):
+        try:
+            async for result in stream:
+                yield scrubbed(result, list(secrets))
+        except TransportError as exc:
+            redact_chain(exc, list(secrets))
+            clear_locals(exc)
+            raise
 
 
 async def as_given(call: Awaitable[_T], secrets: Sequence[str]) -> _T:

@@ -29,10 +29,10 @@ import anyio.to_thread
 from .._core.flow import NeedToken, Refused, Send, Sent, renewal_flow
 from .._core.ledger import NotNow
 from .._core.redact import REDACTED, SENSITIVE_HEADERS, register
-from .._core.refusal import RequestFacts
+from .._core.refusal import Answer, RequestFacts
 from .._core.token import AccessToken
 from .auth_objects import ApiKeyAuthBase, OAuth2AuthBase
-from .gql import first_of, first_token_blocking
+from .gql import detached_401, first_of, first_token_blocking
 from .http_auth import (
     NOT_REFUSED,
     OAuth2Rules,
@@ -120,7 +120,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
             rules.tokens.confirm(token)
             return
         request, replayable = _refused(response, request, replayable)
-        flow = _flow(rules, request, replayable, min_ttl, token, Sent(answer, response))
+        flow = _flow(rules, request, replayable, min_ttl, token, _sent(answer, response))
         reply: object = None
         while True:
             try:
@@ -159,7 +159,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
             rules.tokens.confirm(token)
             return
         request, replayable = _refused(response, request, replayable)
-        flow = _flow(rules, request, replayable, min_ttl, token, Sent(answer, response))
+        flow = _flow(rules, request, replayable, min_ttl, token, _sent(answer, response))
         reply: object = None
         while True:
             try:
@@ -244,7 +244,11 @@ def _reply(
     answer = answer_of(response.status_code, body) or NOT_REFUSED
     if answer.refused and response.request is not request:
         answer = replace(answer, redirected=True)
-    return Sent(answer, response)
+    return _sent(answer, response)
+
+
+def _sent(answer: Answer, response: Response) -> Sent[Response]:
+    return Sent(answer, response, detached_401(answer, response.raise_for_status))
 
 
 def _reads(response: Response, request: Request, token: AccessToken) -> bool:

@@ -30,7 +30,7 @@ from .._core.redact import REDACTED, SENSITIVE_HEADERS, register
 from .._core.refusal import Answer
 from .._core.token import AccessToken
 from .auth_objects import ApiKeyAuthBase, OAuth2AuthBase
-from .gql import first_token_blocking
+from .gql import detached_401, first_token_blocking
 from .http_auth import (
     NOT_REFUSED,
     InsecureOrigins,
@@ -130,7 +130,7 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
             max_renewals=rules.max_renewals,
             min_ttl=min_ttl,
             emit=rules.emit,
-            first=(token, Sent(answer, r)),
+            first=(token, Sent(answer, r, detached_401(answer, r.raise_for_status))),
         )
         last = [r]
 
@@ -146,8 +146,8 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
             response.history.append(previous)
             response.request = prepared
             last[0] = response
-            answer = _answer(response) if _reads(response, stream) else None
-            return Sent(answer or NOT_REFUSED, response)
+            answer = (_answer(response) if _reads(response, stream) else None) or NOT_REFUSED
+            return Sent(answer, response, detached_401(answer, response.raise_for_status))
 
         def get_token(need: NeedToken) -> AccessToken | NotNow:
             return rules.tokens.get_blocking(min_ttl=need.min_ttl, after=need.newer_than)
