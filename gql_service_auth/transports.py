@@ -48,7 +48,6 @@ from ._stacks.gql import (
     Snapshot,
     answered,
     api_key_error,
-    as_given,
     bare_401,
     callers_own,
     first_token,
@@ -60,7 +59,6 @@ from ._stacks.gql import (
     sent_batch,
     settled,
     snapshot,
-    stream_as_given,
     subscription_refused,
 )
 from ._stacks.options import TokenOptions, check_known, oauth2_settings
@@ -211,10 +209,7 @@ class ApiKeyTransport(AuthenticatingTransport):
             if extra_args:
                 extra_args, given = callers_own(extra_args)
                 if given:
-                    parent = super().execute(
-                        request, extra_args=extra_args, upload_files=upload_files
-                    )
-                    return await as_given(parent, self._secrets())
+                    return await self._execute_given(request, extra_args, upload_files)
             posting = self._post(
                 request, extra_args, upload_files, self._credentials, _API_KEY_HEADER
             )
@@ -252,7 +247,7 @@ class ApiKeyTransport(AuthenticatingTransport):
         """
         extra_args, given = callers_own(extra_args)
         if given:
-            return await as_given(super().execute_batch(reqs, extra_args), self._secrets())
+            return await self._batch_given(reqs, extra_args)
         args = with_authorization(extra_args, self._credentials.api_key_authorization())
         try:
             answers = await super().execute_batch(reqs, extra_args=args)
@@ -271,8 +266,7 @@ class ApiKeyTransport(AuthenticatingTransport):
         """Subscribe over HTTP multipart with the API key; see gql's ``subscribe``."""
         extra_args, given = callers_own(extra_args)
         if given:  # the caller's own Authorization: sent as it is
-            parent = super().subscribe(request, extra_args=extra_args)
-            stream = stream_as_given(parent, self._secrets())
+            stream = self._subscribe_given(request, extra_args)
         else:
             stream = guarded(
                 super().subscribe(
@@ -448,10 +442,7 @@ class OAuth2Transport(AuthenticatingTransport):
             if extra_args:
                 extra_args, given = callers_own(extra_args)
                 if given:
-                    parent = super().execute(
-                        request, extra_args=extra_args, upload_files=upload_files
-                    )
-                    return await as_given(parent, [self._credentials.client_secret])
+                    return await self._execute_given(request, extra_args, upload_files)
             taken = snapshot(request)
             # An upload's file streams are consumed by the first send, which is never
             # repeated: it asks for a token that will outlive it.
@@ -526,8 +517,7 @@ class OAuth2Transport(AuthenticatingTransport):
         """
         extra_args, given = callers_own(extra_args)
         if given:
-            parent_call = super().execute_batch(reqs, extra_args)
-            return await as_given(parent_call, [self._credentials.client_secret])
+            return await self._batch_given(reqs, extra_args)
         payload = [rebuild(snapshot(req)) for req in reqs]
         parent = super().execute_batch
 
@@ -574,8 +564,7 @@ class OAuth2Transport(AuthenticatingTransport):
         """
         extra_args, given = callers_own(extra_args)
         if given:  # the caller's own Authorization: sent as it is, and no token fetched
-            secrets = [self._credentials.client_secret]
-            own = stream_as_given(super().subscribe(request, extra_args=extra_args), secrets)
+            own = self._subscribe_given(request, extra_args)
             async with contextlib.aclosing(own):
                 async for result in own:
                     yield result

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,15 +20,18 @@ from gql.graphql_request import GraphQLRequest
 from gql.transport.aiohttp import AIOHTTPTransport
 from gql.transport.exceptions import TransportClosed, TransportConnectionFailed, TransportError
 from gql.transport.file_upload import FileVar, close_files
+from graphql import ExecutionResult
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from .._core import fork as _fork
 from .._core.config import check_url
+from .._core.credentials import ClientCredentials
 from .._core.errors import ConfigurationError
 
 # Imported for what it does: it registers how aiohttp errors are scrubbed.
 from . import aiohttp_redact  # noqa: F401
+from .gql import as_given, stream_as_given
 
 if TYPE_CHECKING:
     from aiohttp.client import _RequestContextManager
@@ -129,10 +132,35 @@ class SharedArgs:
 
 
 class AuthenticatingTransport(AIOHTTPTransport):
-    """What both transports share: argument checks, sessions per event loop, copying."""
+    """What both transports share: argument checks, sessions per event loop, copying, and
+    the calls that carry the caller's own ``Authorization``."""
 
     # The post arguments of the credential last sent without extra_args (see SharedArgs).
     _shared_args: SharedArgs | None = None
+    _credentials: ClientCredentials
+
+    # A call whose extra_args carry the caller's own Authorization (see
+    # _stacks/gql.callers_own) is gql's own, as given: neither signed nor sent again, its
+    # answer scrubbed of the client secret.
+    async def _execute_given(
+        self, request: GraphQLRequest, extra_args: dict[str, Any] | None, upload_files: bool
+    ) -> ExecutionResult:
+        parent = AIOHTTPTransport.execute(
+            self, request, extra_args=extra_args, upload_files=upload_files
+        )
+        return await as_given(parent, [self._credentials.client_secret])
+
+    async def _batch_given(
+        self, reqs: list[GraphQLRequest], extra_args: dict[str, Any] | None
+    ) -> list[ExecutionResult]:
+        parent = AIOHTTPTransport.execute_batch(self, reqs, extra_args)
+        return await as_given(parent, [self._credentials.client_secret])
+
+    def _subscribe_given(
+        self, request: GraphQLRequest, extra_args: dict[str, Any] | None
+    ) -> AsyncGenerator[ExecutionResult, None]:
+        parent = AIOHTTPTransport.subscribe(self, request, extra_args=extra_args)
+        return stream_as_given(parent, [self._credentials.client_secret])
 
     async def _get_json_result(self, response: aiohttp.ClientResponse) -> Any:
         # gql reads every answer here, bare 401s included, in the caller's context:
