@@ -44,6 +44,7 @@ from support import (
     run_python,
     running_proxy,
     secrets_shown,
+    serving,
     shown,
     sync_execute,
     unfolded,
@@ -1249,3 +1250,46 @@ async def test_a_subscription_with_the_callers_own_authorization_sends_it_as_it_
     sent = [r.headers.get("Authorization") for r in emulator.requests if r.path == "/graphql"]
     assert sent == ["Bearer callers-own"]
     assert emulator.counters.token_requests == 0
+
+
+@pytest.mark.parametrize("method", ["api_key", "oauth2"])
+@pytest.mark.parametrize(
+    "way", [w for w in EVERY_WAY if w.name.startswith("httpx")], ids=lambda way: way.name
+)
+def test_a_proxy_quoting_the_login_it_was_sent_leaves_it_out_of_the_logs(
+    way: Way, emulator: Emulator, clock: ManualClock, method: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A proxy given with a login (httpx's proxy=) that answers 407 quoting the
+    Proxy-Authorization it was sent: httpcore's record of its headers shows neither the
+    password nor its Basic form."""
+    from aiohttp import web
+
+    caplog.set_level(logging.DEBUG)
+    password = "proxy-pass-Zq81LmX0"
+    basic = base64.b64encode(f"user:{password}".encode()).decode()
+
+    async def refuse(request: web.Request) -> web.Response:
+        echo = request.headers.get("Proxy-Authorization", "none")
+        return web.Response(status=407, text=f"you sent {echo}", headers={"X-Echo": echo})
+
+    client = emulator.recent_client
+    credentials = {"client_id": client.client_id, "client_secret": client.client_secret}
+    with serving(lambda app: app.router.add_route("*", "/{tail:.*}", refuse)) as base:
+        proxy = base.replace("http://", f"http://user:{password}@")
+        if method == "api_key":
+            transport = way.api_key(emulator.graphql_url, proxy=proxy, **credentials)
+        else:
+            transport = way.oauth2(
+                emulator.graphql_url,
+                token_url=emulator.token_url,
+                retry=NO_WAIT,
+                clock=clock,
+                proxy=proxy,
+                token_proxy=None,
+                **credentials,
+            )
+        way.run(transport, [Call(COUNT)])
+    assert caplog.records
+    assert [
+        r.name for r in caplog.records if password in r.getMessage() or basic in r.getMessage()
+    ] == []

@@ -15,13 +15,14 @@ that go on the wire, not from a gql object that a caller may change meanwhile.
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.request
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from gql.transport.exceptions import TransportError
 from graphql import GraphQLError, parse
@@ -32,6 +33,7 @@ from .._core.credentials import ClientCredentials
 from .._core.errors import ConfigurationError
 from .._core.events import Emitter
 from .._core.flow import Refused
+from .._core.log_secrets import remember
 from .._core.refusal import BARE_401, Answer, RequestFacts
 from .._core.token import AccessToken
 from .._core.tokens import TokenManager
@@ -257,7 +259,13 @@ def _plain_http_refusal(scheme: str, host: str, environment: bool) -> str:
 
 def check_proxy(url: object, proxy: str | None, given_as: str, allow: bool) -> None:
     """Refuse a plain-http ``url`` sent through a ``proxy`` (given as ``given_as``) that is
-    another machine: the proxy would read the credentials of every request it forwards."""
+    another machine: the proxy would read the credentials of every request it forwards.
+
+    A proxy's password is remembered as a credential (see ``_core/log_secrets.py``): a
+    proxy that quotes the ``Proxy-Authorization`` it was sent would put it in httpcore's
+    record of its answer's headers.
+    """
+    _remember_proxy_login(proxy)
     parts = urlsplit(str(url))
     if allow or proxy is None or parts.scheme not in ("http", "ws"):
         return
@@ -268,6 +276,17 @@ def check_proxy(url: object, proxy: str | None, given_as: str, allow: bool) -> N
             f"proxy at {proxy_host} ({given_as}): it would read them. Use an https:// URL, "
             "or pass allow_insecure_http=True if this network is trusted"
         )
+
+
+def _remember_proxy_login(proxy: str | None) -> None:
+    if not proxy:
+        return
+    login = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if login.password:
+        user, password = unquote(login.username or ""), unquote(login.password)
+        basic = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        remember(password, lasting=True)
+        remember(basic, lasting=True)
 
 
 def environment_proxy(host: str) -> str | None:
