@@ -22,7 +22,9 @@ try:
     from gql.transport.httpx import HTTPXAsyncTransport, HTTPXTransport
     from gql.transport.httpx import httpx as _gql_httpx  # type: ignore[attr-defined]
 
-    from ._stacks.httpx_auth import ApiKeyAuth, OAuth2Auth
+    from ._stacks import httpx_auth as _auth
+    from ._stacks.httpx_auth import ApiKeyAuth as _ApiKeyAuth
+    from ._stacks.httpx_auth import OAuth2Auth as _OAuth2Auth
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
     raise ImportError(
         "gql_service_auth.httpx needs the httpx extra: pip install 'gql-service-auth[httpx]'"
@@ -32,7 +34,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping
 from ssl import SSLContext
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
@@ -60,6 +62,25 @@ if sys.version_info >= (3, 11):
     from typing import Unpack
 else:
     from typing_extensions import Unpack
+
+if TYPE_CHECKING:
+    from ._stacks.httpx_auth import ApiKeyAuth, OAuth2Auth
+
+
+def __getattr__(name: str) -> object:
+    # The auth objects are for clients the user builds, of httpx or httpx2: naming them
+    # makes them fit both, importing the library gql did not (PEP 562). A transport's
+    # user never pays for it; see _stacks/httpx_auth.fit_every_library.
+    if name in ("ApiKeyAuth", "OAuth2Auth"):
+        _auth.fit_every_library()
+        globals().update(ApiKeyAuth=_ApiKeyAuth, OAuth2Auth=_OAuth2Auth)
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "ApiKeyAuth",
@@ -163,7 +184,9 @@ class _ApiKeySettings(ApiKeyTransportParts, DropsClientInChild):
         **keywords: Unpack[HTTPXClientOptions],
     ) -> None:
         kwargs: dict[str, Any] = dict(keywords)
-        signer = ApiKeyAuth._for_transport(client_id, client_secret, str(url), allow_insecure_http)
+        signer = _ApiKeyAuth._for_transport(
+            client_id, client_secret, str(url), allow_insecure_http
+        )
         _client_args(url, kwargs, allow_insecure_http)
         kwargs["auth"] = signer
         super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]
@@ -208,7 +231,7 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
             inherited=inherited,
             inherited_from="the client's proxy and trust_env",
         ).rules(url)
-        kwargs["auth"] = OAuth2Auth._of(token_url, rules, url)
+        kwargs["auth"] = _OAuth2Auth._of(token_url, rules, url)
         super().__init__(url, json_serialize, json_deserialize, **kwargs)  # type: ignore[call-arg]
         self.token_url = token_url
         self._rules: OAuth2Rules = rules

@@ -10,10 +10,13 @@ page and the code cannot drift apart unnoticed.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "gql_service_auth"
@@ -219,3 +222,31 @@ def test_the_static_check_sees_an_import_inside_a_function(tmp_path: Path) -> No
     lines = ["def later():", "    try:", "        import aiohttp.web", "    except ImportError:"]
     module.write_text("\n".join([*lines, "        pass", ""]))
     assert _stack_imports(module) == ["lazy.py:3 imports aiohttp.web"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("httpx2") is None, reason="gql runs on httpx alone: nothing to spare"
+)
+def test_the_httpx_transports_leave_the_httpx_library_gql_did_not_pick_unimported() -> None:
+    """With httpx2 installed, gql's transports run on it: importing and building ours
+    loads no httpx (18-22 ms, with the click and pygments it brings). Naming the public
+    auth objects, for clients the user builds, makes them fit both libraries' clients."""
+    program = """
+import sys
+import gql_service_auth.httpx as h
+h.OAuth2HTTPXTransport("https://api.example.com/graphql", client_id="id",
+                       client_secret="secret", token_url="https://auth.example.com/token")
+h.ApiKeyHTTPXTransport("https://api.example.com/graphql", client_id="id",
+                       client_secret="secret")
+print("httpx" in sys.modules)
+auth = h.ApiKeyAuth("id", "secret", url="https://api.example.com/graphql")
+import httpx, httpx2
+for library in (httpx, httpx2):
+    with library.Client(auth=auth) as client:  # refused unless auth is the library's Auth
+        print(client.auth is auth)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "True"]

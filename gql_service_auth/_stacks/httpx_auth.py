@@ -2,8 +2,9 @@
 
 gql imports httpx2 when it is installed, else httpx, and httpx2 refuses an auth that is
 not its own ``Auth`` (``TypeError: Invalid "auth" argument``): these classes subclass
-the ``Auth`` of each of the two that is installed, so they fit either client, gql's
-included. They read requests and responses by the attributes both share.
+gql's library's ``Auth``, and the other's too once the public names are first used
+(:func:`fit_every_library`), so they fit either client. They read requests and
+responses by the attributes both share.
 
 Both flows are overridden, as httpx's docs ask of auths that do I/O: the synchronous one
 blocks on the token manager; the asynchronous one awaits it on asyncio, and under any
@@ -17,6 +18,8 @@ never re-sent.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import threading
 import time
 from collections.abc import AsyncGenerator, Generator
 from dataclasses import replace
@@ -43,32 +46,53 @@ from .http_auth import (
     tell_sent,
 )
 
-_MODULES: list[Any] = []
 try:
-    import httpx2
-
-    _MODULES.append(httpx2)
-except ImportError:  # pragma: no cover - both are installed for the tests
-    pass
-try:
-    import httpx
-
-    _MODULES.append(httpx)
-except ImportError:  # pragma: no cover
-    pass
-if not _MODULES:  # pragma: no cover
+    # The library gql's transports use: httpx2 when it is installed, else httpx.
+    from gql.transport.httpx import httpx as _gql_httpx  # type: ignore[attr-defined]
+except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
     raise ImportError(
         "gql_service_auth.httpx needs the httpx extra: pip install 'gql-service-auth[httpx]'"
-    )
+    ) from exc
+
+# The httpx libraries whose clients the auth objects fit: gql's at import, and the other
+# one (httpx beside httpx2) once fit_every_library() has run. Importing both at import
+# cost 18-22 ms of a transport user's import (httpx, and the command line's click and
+# pygments it loads where they are installed) for clients a transport never builds.
+_MODULES: list[Any] = [_gql_httpx]
+_JOINING = threading.Lock()
 
 if TYPE_CHECKING:
     from httpx import Auth as _Auth
     from httpx import Request, Response
 else:
-    _Auth = type("Auth", tuple(module.Auth for module in _MODULES), {})
+    _Auth = type("Auth", (_gql_httpx.Auth,), {})
 
-_BYTE_STREAMS = tuple(module.ByteStream for module in _MODULES)
-_ERRORS = tuple(module.HTTPError for module in _MODULES)
+_BYTE_STREAMS: tuple[type, ...] = (_gql_httpx.ByteStream,)
+_SYNC_STREAMS: tuple[type, ...] = (_gql_httpx.SyncByteStream,)
+_ERRORS: tuple[type[BaseException], ...] = (_gql_httpx.HTTPError,)
+
+
+def fit_every_library() -> None:
+    """Make the auth classes fit the clients of every installed httpx library (httpx and
+    httpx2), importing the one gql did not. Runs when the public auth classes are first
+    named (``gql_service_auth.httpx.OAuth2Auth``): their users build their own clients,
+    of either library. httpx's clients take an ``auth`` only if it is an instance of the
+    library's own ``Auth``; the other library's joins the shared base's bases, so one
+    class, its instances made before included, fits both."""
+    global _BYTE_STREAMS, _SYNC_STREAMS, _ERRORS
+    other = "httpx" if _gql_httpx.__name__ == "httpx2" else "httpx2"
+    try:
+        module = importlib.import_module(other)
+    except ImportError:
+        return
+    with _JOINING:
+        if module in _MODULES:
+            return
+        _MODULES.append(module)
+        _BYTE_STREAMS = tuple(m.ByteStream for m in _MODULES)
+        _SYNC_STREAMS = tuple(m.SyncByteStream for m in _MODULES)
+        _ERRORS = tuple(m.HTTPError for m in _MODULES)
+        _Auth.__bases__ = tuple(m.Auth for m in _MODULES)
 
 
 class ApiKeyAuth(ApiKeyAuthBase, _Auth):
@@ -345,8 +369,6 @@ class _HttpxRecords:
     request, the one a redirect not followed would send, and the responses before it
     (``history``: redirects, refusals answered again)."""
 
-    _SYNC_STREAMS = tuple(module.SyncByteStream for module in _MODULES)
-
     def passwords(self, link: BaseException) -> list[str]:
         return []
 
@@ -391,7 +413,7 @@ class _HttpxRecords:
             # sync one is closed here; an async one cannot be without awaiting, and is
             # left to its owner's aclose().
             response.is_stream_consumed = True
-            if isinstance(response.stream, self._SYNC_STREAMS):
+            if isinstance(response.stream, _SYNC_STREAMS):
                 response.close()
 
 
