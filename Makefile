@@ -50,8 +50,8 @@ pytest: $(STAMP)
 # one stack's own behaviour is marked stacks(...) and left out (tests/README.md). Apart
 # from make test, whose 4 minutes it would overrun; .ci/run runs both.
 test-stacks: $(STAMP)
-	GQL_SERVICE_AUTH_STACKS=aiohttp,httpx $(BIN)/python -m pytest -n $(PYTEST_WORKERS) \
-		--dist loadgroup -p no:randomly -k "httpx and not test_stacks and not test_plain_clients and not test_stack_proxies"
+	GQL_SERVICE_AUTH_STACKS=httpx,requests,httpxsync $(BIN)/python -m pytest \
+		-n $(PYTEST_WORKERS) --dist loadgroup -p no:randomly
 
 gql-suite: $(STAMP)
 	$(BIN)/python tests/gql_suite/run.py

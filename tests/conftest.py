@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from redis_server import RedisServer, find_binary
 from support import (
+    ALL_STACKS,
     LEFT_OPEN,
     NO_WAIT,
     PROXY_VARIABLES,
@@ -51,6 +52,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marker = item.get_closest_marker("stacks")
         stack = _stack_of(item)
         if marker is not None and stack is not None and stack not in marker.args:
+            dropped.append(item)
+        elif stack is None and ALL_STACKS[0] not in STACKS:
+            # A run of the other stacks alone (make test-stacks): make test runs the
+            # tests that take no stack.
             dropped.append(item)
         else:
             kept.append(item)

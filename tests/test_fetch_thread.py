@@ -54,6 +54,7 @@ def _asyncio_complaints(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [*records, *LEFT_OPEN]
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["async_execute"])
 def test_a_fetch_abandoned_by_a_timed_out_sync_execute_does_not_block_other_threads(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -125,6 +126,7 @@ async def test_no_asyncio_error_is_logged_when_cancelled_callers_leave_a_failing
     assert _asyncio_complaints(caplog) == []
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["async_execute"])
 def test_no_asyncio_error_is_logged_when_a_timed_out_sync_execute_abandons_a_fetch(
     emulator: Emulator,
     make_oauth2: Callable[..., OAuth2Transport],

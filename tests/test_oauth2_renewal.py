@@ -80,6 +80,7 @@ async def test_a_server_that_refuses_every_token_ends_in_bounded_requests(
     assert emulator.counters.token_requests == max_renewals + 1
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["inflight"])
 async def test_many_requests_failing_with_one_token_cause_one_renewal(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:

@@ -503,6 +503,7 @@ async def test_an_upload_waiting_on_a_failed_renewal_is_sent_and_no_request_fail
     assert not named(events, "token_request_failed")
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["inflight"])
 async def test_refusal_during_background_renewal_joins_it(
     emulator: Emulator,
     clock: ManualClock,

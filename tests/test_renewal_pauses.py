@@ -19,6 +19,7 @@ from support import (
     ANSWER,
     COUNT,
     PAUSING,
+    STACK_REASONS,
     blocking_execute,
     collect_garbage,
     finish,
@@ -42,6 +43,7 @@ from gql_service_auth._core.constants import SHARED_PAUSES_KEPT
 from gql_service_auth.emulator import ClientRecord, Emulator, ManualClock
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["inflight"])
 @pytest.mark.parametrize("retry", [None, RetryPolicy()], ids=["zero-wait", "default-policy"])
 async def test_concurrent_queries_refused_every_token_cost_at_most_one_renewal_per_wave(
     emulator: Emulator,
