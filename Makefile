@@ -50,7 +50,7 @@ pytest: $(STAMP)
 # one stack's own behaviour is marked stacks(...) and left out (tests/README.md). Apart
 # from make test, whose 4 minutes it would overrun; .ci/run runs both.
 test-stacks: $(STAMP)
-	GQL_SERVICE_AUTH_STACKS=httpx,requests,httpxsync $(BIN)/python -m pytest \
+	GQL_SERVICE_AUTH_STACKS=httpx,requests,httpxsync,trio $(BIN)/python -m pytest \
 		-n $(PYTEST_WORKERS) --dist loadgroup -p no:randomly
 
 gql-suite: $(STAMP)

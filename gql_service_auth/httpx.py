@@ -65,21 +65,22 @@ else:
 
 if TYPE_CHECKING:
     from ._stacks.httpx_auth import ApiKeyAuth, OAuth2Auth
+else:
 
+    def __getattr__(name: str) -> object:
+        # The auth objects are for clients the user builds, of httpx or httpx2: naming
+        # them makes them fit both, importing the library gql did not (PEP 562). A
+        # transport's user never pays for it; see _stacks/httpx_auth.fit_every_library.
+        # Unpickling one names it here too (their __module__ is this module's). Hidden
+        # from type checkers, which would otherwise take any misspelt name for an object.
+        if name in ("ApiKeyAuth", "OAuth2Auth"):
+            _auth.fit_every_library()
+            globals().update(ApiKeyAuth=_ApiKeyAuth, OAuth2Auth=_OAuth2Auth)
+            return globals()[name]
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-def __getattr__(name: str) -> object:
-    # The auth objects are for clients the user builds, of httpx or httpx2: naming them
-    # makes them fit both, importing the library gql did not (PEP 562). A transport's
-    # user never pays for it; see _stacks/httpx_auth.fit_every_library.
-    if name in ("ApiKeyAuth", "OAuth2Auth"):
-        _auth.fit_every_library()
-        globals().update(ApiKeyAuth=_ApiKeyAuth, OAuth2Auth=_OAuth2Auth)
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})
 
 
 __all__ = [

@@ -48,14 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # A test of one stack's own behaviour (its keywords, its client's features) is marked
     # stacks("aiohttp", reason=...): it runs on those stacks alone.
     kept, dropped = [], []
+    names = {stack.name for stack in STACKS}
     for item in items:
         marker = item.get_closest_marker("stacks")
         stack = _stack_of(item)
         if marker is not None and stack is not None and stack not in marker.args:
             dropped.append(item)
-        elif stack is None and ALL_STACKS[0] not in STACKS:
+        elif stack not in names and (stack is not None or ALL_STACKS[0] not in STACKS):
             # A run of the other stacks alone (make test-stacks): make test runs the
-            # tests that take no stack.
+            # tests that take no stack, or a kind of aiohttp's by its name.
             dropped.append(item)
         else:
             kept.append(item)

@@ -250,3 +250,35 @@ for library in (httpx, httpx2):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True", "True"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("httpx2") is None, reason="gql runs on httpx alone: nothing to spare"
+)
+def test_an_auth_object_unpickled_in_a_fresh_process_fits_both_httpx_libraries() -> None:
+    """Unpickling (a spawned worker's arguments, a queue) names the public class, which
+    makes it fit the client of the library gql did not pick, as one built there would."""
+    dump = (
+        "import pickle, sys\n"
+        "from gql_service_auth.httpx import ApiKeyAuth, OAuth2Auth\n"
+        "url = 'https://api.example.com/graphql'\n"
+        "objects = (ApiKeyAuth('id', 'secret', url=url),\n"
+        "           OAuth2Auth('https://auth.example.com/token', 'id', 'secret', url=url))\n"
+        "sys.stdout.buffer.write(pickle.dumps(objects))\n"
+    )
+    load = (
+        "import pickle, sys\n"
+        "objects = pickle.loads(sys.stdin.buffer.read())\n"
+        "import httpx\n"
+        "for auth in objects:\n"
+        "    with httpx.Client(auth=auth) as client:\n"
+        "        print(type(auth).__name__, client.auth is auth)\n"
+    )
+    dumped = subprocess.run(
+        [sys.executable, "-c", dump], capture_output=True, timeout=120, check=True
+    ).stdout
+    done = subprocess.run(
+        [sys.executable, "-c", load], input=dumped, capture_output=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().split() == ["ApiKeyAuth", "True", "OAuth2Auth", "True"]

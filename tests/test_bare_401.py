@@ -231,7 +231,6 @@ async def test_the_last_refusal_decides_the_errors_kind_bare_then_body(
     assert caught.value.errors is not None
 
 
-@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["inflight"])
 async def test_concurrent_refusals_of_both_kinds_share_one_renewal(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:

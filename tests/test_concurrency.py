@@ -27,6 +27,7 @@ from gql_service_auth import (
 from gql_service_auth.emulator import Emulator, ManualClock
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["cancel"])
 async def test_cancelling_the_caller_that_started_the_fetch_spares_the_others(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -44,6 +45,7 @@ async def test_cancelling_the_caller_that_started_the_fetch_spares_the_others(
     assert emulator.counters.token_requests == 1
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["cancel"])
 async def test_cancelling_a_waiter_spares_the_fetch(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -60,6 +62,7 @@ async def test_cancelling_a_waiter_spares_the_fetch(
     assert emulator.counters.token_requests == 1
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["cancel"])
 async def test_a_cancelled_fetch_is_replaced_by_the_next_caller(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -195,6 +198,7 @@ def test_threads_share_one_transport_concurrently(
     assert done == 120
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["cancel"])
 async def test_random_cancellations_never_break_the_others(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:

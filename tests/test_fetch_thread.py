@@ -54,7 +54,7 @@ def _asyncio_complaints(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [*records, *LEFT_OPEN]
 
 
-@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["async_execute"])
+@pytest.mark.stacks("aiohttp", "httpx", "requests", reason=STACK_REASONS["abandon"])
 def test_a_fetch_abandoned_by_a_timed_out_sync_execute_does_not_block_other_threads(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -104,6 +104,7 @@ def test_a_caller_on_a_live_loop_outlasts_fetches_abandoned_by_short_lived_loops
     assert result == ANSWER
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["cancel"])
 async def test_no_asyncio_error_is_logged_when_cancelled_callers_leave_a_failing_fetch(
     emulator: Emulator,
     make_oauth2: Callable[..., OAuth2Transport],
@@ -126,7 +127,7 @@ async def test_no_asyncio_error_is_logged_when_cancelled_callers_leave_a_failing
     assert _asyncio_complaints(caplog) == []
 
 
-@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["async_execute"])
+@pytest.mark.stacks("aiohttp", "httpx", "requests", reason=STACK_REASONS["abandon"])
 def test_no_asyncio_error_is_logged_when_a_timed_out_sync_execute_abandons_a_fetch(
     emulator: Emulator,
     make_oauth2: Callable[..., OAuth2Transport],

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import urllib.parse
+import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import date
@@ -484,6 +485,7 @@ async def test_connection_failure_keeps_no_token_in_frame_locals(
     assert secrets_shown(raised.value, [value], own=__file__) == []
 
 
+@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["cancel"])
 async def test_cancellation_keeps_no_token_in_frame_locals(
     emulator: Emulator, clock: ManualClock, make_oauth2: Callable[..., OAuth2Transport]
 ) -> None:
@@ -1257,20 +1259,28 @@ async def test_a_subscription_with_the_callers_own_authorization_sends_it_as_it_
     assert emulator.counters.token_requests == 0
 
 
+@pytest.mark.parametrize("given", ["proxy=", "environment"])
 @pytest.mark.parametrize("method", ["api_key", "oauth2"])
 @pytest.mark.parametrize(
     "way", [w for w in EVERY_WAY if w.name.startswith("httpx")], ids=lambda way: way.name
 )
 def test_a_proxy_quoting_the_login_it_was_sent_leaves_it_out_of_the_logs(
-    way: Way, emulator: Emulator, clock: ManualClock, method: str, caplog: pytest.LogCaptureFixture
+    way: Way,
+    emulator: Emulator,
+    clock: ManualClock,
+    method: str,
+    given: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A proxy given with a login (httpx's proxy=) that answers 407 quoting the
-    Proxy-Authorization it was sent: httpcore's record of its headers shows neither the
-    password nor its Basic form."""
+    """A proxy with a login (httpx's proxy=, or HTTP_PROXY, which httpx follows) that
+    answers 407 quoting the Proxy-Authorization it was sent: httpcore's record of its
+    headers shows neither the password nor its Basic form."""
     from aiohttp import web
 
     caplog.set_level(logging.DEBUG)
-    password = "proxy-pass-Zq81LmX0"
+    # A password of its own: the process remembers every proxy login it has seen.
+    password = f"proxy-pass-{uuid.uuid4().hex[:12]}"
     basic = base64.b64encode(f"user:{password}".encode()).decode()
 
     async def refuse(request: web.Request) -> web.Response:
@@ -1281,16 +1291,20 @@ def test_a_proxy_quoting_the_login_it_was_sent_leaves_it_out_of_the_logs(
     credentials = {"client_id": client.client_id, "client_secret": client.client_secret}
     with serving(lambda app: app.router.add_route("*", "/{tail:.*}", refuse)) as base:
         proxy = base.replace("http://", f"http://user:{password}@")
+        routing: dict[str, Any] = {"proxy": proxy}
+        if given == "environment":
+            monkeypatch.setenv("HTTP_PROXY", proxy)
+            routing = {}
         if method == "api_key":
-            transport = way.api_key(emulator.graphql_url, proxy=proxy, **credentials)
+            transport = way.api_key(emulator.graphql_url, **routing, **credentials)
         else:
             transport = way.oauth2(
                 emulator.graphql_url,
                 token_url=emulator.token_url,
                 retry=NO_WAIT,
                 clock=clock,
-                proxy=proxy,
-                token_proxy=None,
+                token_session_args={},  # the token request goes straight to the emulator
+                **routing,
                 **credentials,
             )
         way.run(transport, [Call(COUNT)])

@@ -16,7 +16,6 @@ from gql import Client, GraphQLRequest, gql
 from support import (
     CARRIER,
     COUNT,
-    STACK_REASONS,
     bounded,
     hold_token_fetch,
 )
@@ -38,7 +37,6 @@ def carrier_id(index: int) -> str:
     return f"carrier-{index:03d}"
 
 
-@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["shared"])
 @pytest.mark.parametrize("moment", ["cold", "renewal"])
 async def test_concurrent_queries_sharing_a_request_each_get_their_own_answer(
     emulator: Emulator,
@@ -61,7 +59,6 @@ async def test_concurrent_queries_sharing_a_request_each_get_their_own_answer(
     assert got == [carrier_id(i) for i in range(1, CALLERS + 1)]
 
 
-@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["shared"])
 @pytest.mark.parametrize("moment", ["cold", "renewal"])
 async def test_concurrent_mutations_sharing_a_request_each_run_once_with_their_own_arguments(
     emulator: Emulator,
@@ -83,7 +80,6 @@ async def test_concurrent_mutations_sharing_a_request_each_run_once_with_their_o
     assert [result["renameCarrier"] for result in results] == wanted
 
 
-@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["shared"])
 @pytest.mark.parametrize("moment", ["cold", "renewal"])
 async def test_a_batch_sends_the_variables_its_requests_held_when_it_was_called(
     emulator: Emulator,
@@ -110,7 +106,6 @@ async def test_a_batch_sends_the_variables_its_requests_held_when_it_was_called(
     assert [result[0]["renameCarrier"] for result in results] == wanted
 
 
-@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["shared"])
 @pytest.mark.parametrize("revoked", [False, True], ids=["cold", "re-sent"])
 async def test_a_callers_later_change_to_its_variables_does_not_reach_what_it_sends(
     emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport], revoked: bool

@@ -21,7 +21,6 @@ from gql_service_auth import OAuth2Transport
 from gql_service_auth.emulator import Emulator, ManualClock
 
 
-@pytest.mark.stacks("aiohttp", "httpx", reason=STACK_REASONS["shared"])
 @pytest.mark.parametrize("moment", ["cold", "renewal"])
 async def test_concurrent_uploads_sharing_a_request_each_send_their_own_file(
     emulator: Emulator,

@@ -29,7 +29,13 @@ from .._core.sharing import api_endpoint
 from .._core.token import AccessToken
 from .aiohttp_token_post import ssl_of_verify
 from .aiohttp_token_session import SslSetting
-from .http_auth import ApiKeyRules, InsecureOrigins, OAuth2Rules, ServiceOrigin
+from .http_auth import (
+    ApiKeyRules,
+    InsecureOrigins,
+    OAuth2Rules,
+    ServiceOrigin,
+    remember_environment_proxies,
+)
 from .options import OAuth2Settings, TokenOptions, check_known, oauth2_settings
 
 # At run time: typing.get_type_hints() of the constructors resolves Unpack.
@@ -67,6 +73,7 @@ def service_origin(
             "every request its client sends, to any host"
         )
     check_url(url, what="url", allow_insecure_http=allow_insecure_http)
+    remember_environment_proxies()  # the client's own proxies are not seen here
     return ServiceOrigin(str(url))
 
 

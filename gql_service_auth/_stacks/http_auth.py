@@ -266,6 +266,7 @@ def check_proxy(url: object, proxy: str | None, given_as: str, allow: bool) -> N
     record of its answer's headers.
     """
     _remember_proxy_login(proxy)
+    remember_environment_proxies()
     parts = urlsplit(str(url))
     if allow or proxy is None or parts.scheme not in ("http", "ws"):
         return
@@ -287,6 +288,15 @@ def _remember_proxy_login(proxy: str | None) -> None:
         basic = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
         remember(password, lasting=True)
         remember(basic, lasting=True)
+
+
+def remember_environment_proxies() -> None:
+    """Remember the passwords of the proxies the environment names (``HTTPS_PROXY``,
+    ``ALL_PROXY``...), which requests and httpx follow by default, as :func:`check_proxy`
+    does a client's: a proxy that quotes the login it was sent would put it in httpcore's
+    record of its answer."""
+    for proxy in urllib.request.getproxies_environment().values():
+        _remember_proxy_login(proxy)
 
 
 def environment_proxy(host: str) -> str | None:

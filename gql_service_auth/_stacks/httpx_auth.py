@@ -417,6 +417,10 @@ class _HttpxRecords:
                 response.close()
 
 
+# Pickled, they are found where users import them from, which makes them fit both
+# libraries in the process that loads them (see gql_service_auth/httpx.py).
+ApiKeyAuth.__module__ = OAuth2Auth.__module__ = "gql_service_auth.httpx"
+
 register(
     _HttpxRecords(),
     modules=("httpx", "httpcore", "httpx2", "httpcore2", "h11", "h2", "anyio", "sniffio"),
