@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -27,6 +28,8 @@ from support import (
     UNAUTHENTICATED_ERROR,
     bare_401s,
     blocking_execute,
+    collect_garbage,
+    tenants,
 )
 
 from gql_service_auth import (
@@ -273,3 +276,49 @@ def test_threads_refused_with_a_bare_401_share_one_renewal(
     assert not any(thread.is_alive() for thread in threads)
     assert [type(o).__name__ for o in outcomes] == ["dict"] * 6
     assert emulator.counters.token_requests == 2
+
+
+@pytest.mark.stacks("aiohttp", reason=STACK_REASONS["sub"])
+async def test_subscriptions_refused_with_bare_401s_leave_no_transport_behind(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Per-call transports whose subscriptions a bare 401 refuses: what the refusal taught
+    is kept, the transports and their token managers go (before: every one kept for good,
+    through the kept error's traceback)."""
+    bare_401s(emulator)
+    emulator.refuse_all_tokens = True
+    for client in tenants(emulator, 6):
+        transport = make_oauth2(client=client)
+        async with Client(transport=transport) as session:
+            try:  # not pytest.raises, which the suite's scan of errors keeps to the end
+                async for _ in session.subscribe(CARRIER_RENAMED):
+                    pass
+            except UnauthenticatedHTTPError:
+                pass
+            else:
+                raise AssertionError("the subscription was not refused")
+        live = weakref.ref(transport)
+        del transport, session
+        collect_garbage()
+        assert live() is None
+
+
+async def test_callers_failing_in_a_pause_after_bare_401s_share_no_error_object(
+    emulator: Emulator, make_oauth2: Callable[..., OAuth2Transport]
+) -> None:
+    """Two calls failing at once in a pause after bare 401s: each error's cause is its own,
+    so what one caller does with its cause (raising it) reaches no other caller's."""
+    bare_401s(emulator)
+    emulator.refuse_all_tokens = True
+    policy = RetryPolicy(wait_initial=5, wait_max=5, wait_jitter=0)
+    async with Client(transport=make_oauth2(retry=policy)) as session:
+        with pytest.raises(TransportServerError):
+            await session.execute(COUNT)  # renewed once, refused again: a pause
+        causes = []
+        for _ in range(2):
+            with pytest.raises(UnauthenticatedHTTPError) as paused:
+                await session.execute(COUNT)
+            causes.append(paused.value.__cause__)
+    assert all(isinstance(cause, TransportServerError) for cause in causes)
+    assert causes[0] is not causes[1]
+    assert causes[0].__traceback__ is None  # no frame of the call that met the 401

@@ -14,10 +14,13 @@ import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import TokenRequestError
 from .events import AuthEvent
+
+if TYPE_CHECKING:
+    from .token import TokenResponse
 from .loop_thread import close_own_loop
 from .telemetry import current_context
 from .token import AccessToken
@@ -238,3 +241,19 @@ def failure_event(
         status=status,
         error=name,
     )
+
+
+def landed_events(
+    reason: str, response: TokenResponse, loaded: bool, duration: float
+) -> list[AuthEvent]:
+    """The events of a fetch that landed a token, fetched or ``loaded`` from a shared
+    store: one saying so, after one for an ``expires_in`` that is ignored (0 or less)."""
+    landed = AuthEvent(
+        "token_loaded" if loaded else "token_fetched",
+        reason=reason,
+        duration=duration,
+        expires_in=response.expires_in,
+    )
+    if response.expires_in is not None and response.expires_in <= 0:
+        return [AuthEvent("token_expires_in_ignored", expires_in=response.expires_in), landed]
+    return [landed]

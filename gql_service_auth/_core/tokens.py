@@ -39,6 +39,7 @@ from .flight import (
     Flight,
     failure_event,
     fetch_failure,
+    landed_events,
     launch,
     no_thread_here,
     run_on_own_loop,
@@ -545,16 +546,9 @@ class TokenManager:
                 raise
             return
         try:
-            if response.expires_in is not None and response.expires_in <= 0:
-                self._emit(AuthEvent("token_expires_in_ignored", expires_in=response.expires_in))
-            self._emit(
-                AuthEvent(
-                    "token_loaded" if origin is not None else "token_fetched",
-                    reason=flight.reason,
-                    duration=time.monotonic() - began,
-                    expires_in=response.expires_in,
-                )
-            )
+            duration = time.monotonic() - began
+            for event in landed_events(flight.reason, response, origin is not None, duration):
+                self._emit(event)
         finally:
             requested = origin.requested_at if origin is not None else began
             self._land(flight, response, None, started=started, requested=requested, origin=origin)

@@ -145,6 +145,15 @@ class Bare401:
     def __init__(self, error: TransportServerError) -> None:
         self.error = error
 
+    def detached(self) -> Bare401:
+        """What the token manager keeps past the request (``Sent.kept``): gql's message
+        and code, as requests' and httpx's (:func:`detached_401`). Not the error itself:
+        its traceback's frames hold the request's locals, the transport and its token
+        manager among them, for as long as a pause's lesson is kept (12 refused per-call
+        transports stayed live), and a later caller's error would carry another call's
+        frames. Each caller failing in the pause gets a copy of the kept one too."""
+        return Bare401(TransportServerError(str(self.error), self.error.code))
+
 
 def detached_401(answer: Answer, raise_for_status: Callable[[], object]) -> Bare401 | None:
     """What of a requests or httpx answer a bare 401 keeps (``Sent.kept``): gql's error
@@ -183,7 +192,7 @@ def sent(
     """A single request's answer, read for the decision; ``redirected``: it came back
     through a redirect (see :mod:`gql_service_auth._core.refusal`, rule 5)."""
     if isinstance(raw, Bare401):
-        return Sent(_through(BARE_401, redirected), raw, kept=raw)
+        return Sent(_through(BARE_401, redirected), raw, kept=raw.detached())
     return Sent(_through(Answer.of_results(((raw.errors, raw.data),)), redirected), raw)
 
 
@@ -192,7 +201,7 @@ def sent_batch(
 ) -> Sent[list[ExecutionResult] | Bare401]:
     """A batch's answer, read for the decision (``redirected`` as for :func:`sent`)."""
     if isinstance(raw, Bare401):
-        return Sent(_through(BARE_401, redirected), raw, kept=raw)
+        return Sent(_through(BARE_401, redirected), raw, kept=raw.detached())
     return Sent(_through(Answer.of_results((r.errors, r.data) for r in raw), redirected), raw)
 
 
@@ -343,7 +352,7 @@ def subscription_refused(
 ) -> UnauthenticatedError:
     """The error of a subscription refused with a 401: the token is dropped, and the
     stream, which is never sent twice, ends."""
-    tokens.invalidate(token, answer=bare)
+    tokens.invalidate(token, answer=bare.detached())
     last = Sent(BARE_401, bare)
     return refused_error(Refused(token, last, SUBSCRIPTION, True, renewals), [])
 
@@ -357,7 +366,8 @@ def paused_error(paused: Paused, last_refusal: object) -> UnauthenticatedError:
     """
     message = paused_message(paused.refusals, paused.remaining)
     if isinstance(last_refusal, Bare401):
-        return http_401(UnauthenticatedHTTPError, last_refusal, message)
+        # A copy per caller: one that raises its error's cause writes its frames into it.
+        return http_401(UnauthenticatedHTTPError, last_refusal.detached(), message)
     return UnauthenticatedError(message)
 
 
