@@ -546,6 +546,10 @@ class _TrioLoop:
         return trio.from_thread.run(run, trio_token=self._token)
 
 
+# A child forked while another thread builds the first loop starts with the lock free.
+os.register_at_fork(after_in_child=lambda: setattr(_TrioLoop, "_lock", threading.Lock()))
+
+
 class OnTrio(OnThreads):
     """An async gql transport (httpx's) run on trio, behind gql's asyncio interface: each
     call goes to one trio loop, on a thread of its own, from a caller thread. The

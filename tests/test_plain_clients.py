@@ -648,3 +648,19 @@ async def test_an_api_key_error_keeps_no_secret_in_its_frames(emulator: Emulator
             with pytest.raises(aiohttp.ClientConnectionError) as caught:
                 await session.post(url, json=QUERY)
     assert shown(caught.value, [emulator.recent_client.client_secret]) == []
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda module: module.__name__)
+@pytest.mark.parametrize("kind", AUTH_KINDS)
+def test_an_httpx_request_sent_again_is_signed_again(
+    emulator: Emulator, kind: str, module: Any
+) -> None:
+    """The same request object sent twice (``client.send``), its token revoked between:
+    the auth signs it again, as its own, and renews the token; it was taken for the
+    caller's own header and sent with the revoked token."""
+    with module.Client(auth=_auth(service_httpx, kind, emulator)) as client:
+        request = client.build_request("POST", emulator.graphql_url, json=QUERY)
+        assert client.send(request).json() == ANSWER
+        emulator.revoke_tokens()
+        assert client.send(request).json() == ANSWER
+    assert emulator.counters.token_requests == (2 if kind == "oauth2" else 0)

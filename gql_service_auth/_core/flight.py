@@ -14,16 +14,13 @@ import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import TokenRequestError
 from .events import AuthEvent
-
-if TYPE_CHECKING:
-    from .token import TokenResponse
 from .loop_thread import close_own_loop
 from .telemetry import current_context
-from .token import AccessToken
+from .token import AccessToken, TokenResponse
 
 _POLL_INTERVAL = 0.05
 """Seconds between a waiter's own checks of a fetch, besides the fetch's wake-up call."""

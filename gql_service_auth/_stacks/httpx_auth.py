@@ -107,11 +107,12 @@ class ApiKeyAuth(ApiKeyAuthBase, _Auth):
         url = request.url
         # The caller's own (a transport's auth is not given those: see _own_client), or
         # another service's, goes untouched.
-        if (self._own_client or not _has_authorization(request)) and self._signs(
+        if (self._own_client or _signable(request)) and self._signs(
             url.scheme, url.host, url.port
         ):
             self._rules.origins.check(url.scheme, url.host)
             request.headers["Authorization"] = self._rules.authorization
+            request.extensions[_SIGNED] = True
         yield request
 
 
@@ -209,9 +210,19 @@ def _ours_to_sign(auth: OAuth2Auth, request: Request) -> bool:
     own ``Authorization`` (never replaced nor re-sent). A transport's own auth signs what
     its client sends (see ``_own_client``)."""
     url = request.url
-    return (auth._own_client or not _has_authorization(request)) and auth._signs(
-        url.scheme, url.host, url.port
-    )
+    return (auth._own_client or _signable(request)) and auth._signs(url.scheme, url.host, url.port)
+
+
+_SIGNED = "gql_service_auth.signed"
+"""The mark of a request an auth object signed, in its ``extensions`` (which httpx hands
+its transport, whose httpcore reads only the keys it knows): a request sent again, by
+``client.send(request)``, is signed again with the token of the day, not taken for the
+caller's own ``Authorization`` and sent with the token it had."""
+
+
+def _signable(request: Request) -> bool:
+    """Whether ``request`` carries no ``Authorization`` of the caller's own."""
+    return not _has_authorization(request) or bool(request.extensions.get(_SIGNED))
 
 
 def _has_authorization(request: Request) -> bool:
@@ -233,6 +244,7 @@ def _start(rules: OAuth2Rules, request: Request) -> bool:
 
 def _sign(request: Request, token: AccessToken) -> None:
     request.headers["Authorization"] = token.authorization
+    request.extensions[_SIGNED] = True
     tell_sent(token)
 
 
