@@ -35,6 +35,7 @@ from support import (
     collect_garbage,
     exception_chain,
     refused_tenant_cost,
+    serving,
     shown,
     tenants,
     upload,
@@ -416,6 +417,35 @@ def test_a_transport_keeps_no_secret_where_vars_shows_it(
         text = repr(vars(shown_object)) + repr(shown_object)
         assert client.client_secret not in text
         assert transport.token.value not in text
+
+
+def test_an_answer_quoting_the_credential_in_a_header_shows_it_nowhere_in_vars(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator
+) -> None:
+    """A server that echoes the Authorization it was sent in a header of its answer: gql's
+    response_headers still give it to the caller who reads them, but vars() of the
+    transport, and its copies, do not show it (before: vars() held the last answer's
+    headers, on every stack)."""
+    from aiohttp import web
+
+    async def echo(request: web.Request) -> web.Response:
+        await request.read()
+        sent = request.headers.get("Authorization", "")
+        return web.json_response({"data": ANSWER}, headers={"X-Echo": sent})
+
+    client = emulator.recent_client
+    with serving(lambda app: app.router.add_post("/graphql", echo)) as base:
+        api_key = way.api_key(
+            f"{base}/graphql", client_id=client.client_id, client_secret=client.client_secret
+        )
+        transport = oauth2(url=f"{base}/graphql")
+        for built in (api_key, transport):
+            assert way.one(built, Call(COUNT)) == ANSWER
+            echoed = built.response_headers["X-Echo"]
+            assert echoed.startswith(("Bearer ", "SERVICE-API-KEY "))
+            for shown_object in (built, copy.copy(built)):
+                assert echoed not in repr(vars(shown_object)), shown_object
+                assert echoed.split(" ", 1)[1] not in repr(vars(shown_object))
 
 
 def test_the_same_events_and_log_records_as_on_aiohttp(

@@ -72,12 +72,11 @@ class DropsClientInChild:
 
     # pickle and copy.deepcopy copy the settings, and the copy connects anew, as the aiohttp
     # transports' do: an HTTP client holds sockets and locks (httpx's cannot be copied at
-    # all), and the last answer's headers may quote a credential.
+    # all). The last answer's headers, which may quote a credential, are no part of
+    # __dict__: the transports hold them in a slot.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state[self._client_attribute] = None
-        if "response_headers" in state:
-            state["response_headers"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from .._core.errors import ConfigurationError
 
 # Imported for what it does: it registers how aiohttp errors are scrubbed.
 from . import aiohttp_redact  # noqa: F401
-from .gql import as_given, stream_as_given
+from .gql import AnswerHeadersApart, as_given, stream_as_given
 
 if TYPE_CHECKING:
     from aiohttp.client import _RequestContextManager
@@ -131,7 +131,7 @@ class SharedArgs:
         raise TypeError("SharedArgs is rebuilt, not copied")
 
 
-class AuthenticatingTransport(AIOHTTPTransport):
+class AuthenticatingTransport(AnswerHeadersApart, AIOHTTPTransport):
     """What both transports share: argument checks, sessions per event loop, copying, and
     the calls that carry the caller's own ``Authorization``."""
 
@@ -294,13 +294,12 @@ class AuthenticatingTransport(AIOHTTPTransport):
         _UPLOAD_FILES.set((self, value))
 
     # pickle and copy.deepcopy copy the settings, never the sessions (bound to a loop), the
-    # last answer's headers nor a credential's post arguments; the token manager drops its
-    # own runtime state.
+    # last answer's headers (a slot: see AnswerHeadersApart) nor a credential's post
+    # arguments; the token manager drops its own runtime state.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_sessions"] = {}
         state.pop("_shared_args", None)
-        state.pop("response_headers", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -133,6 +133,24 @@ def runs_query(document: DocumentNode, operation_name: object) -> bool:
     return len(operations) == 1 and operations[0].operation.value == "query"
 
 
+class AnswerHeadersApart:
+    """gql's ``response_headers`` (the last answer's headers), held in a slot, which
+    ``vars()`` and copies of the transport leave out: a server that quotes the token or the
+    API key in a header of its answer would otherwise show it to whatever dumps the
+    transport's attributes (a crash reporter, a debugger's variables view). Reading the
+    attribute still gives them, as gql's transport does."""
+
+    __slots__ = ("_answer_headers",)
+
+    @property
+    def response_headers(self) -> Any:
+        return getattr(self, "_answer_headers", None)
+
+    @response_headers.setter
+    def response_headers(self, headers: Any) -> None:
+        self._answer_headers = headers
+
+
 class Bare401:
     """An HTTP 401 without a GraphQL body: gql's error for it, rid of credentials.
 

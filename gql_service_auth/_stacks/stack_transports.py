@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.redact import forgets_on_error
 from .._core.settings import api_key_env, oauth2_env
 from .._core.token import AccessToken
+from .gql import AnswerHeadersApart
 from .http_auth import OAuth2Rules
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
         from typing_extensions import Self
 
 
-class _Shown:
+class _Shown(AnswerHeadersApart):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} url={str(getattr(self, 'url', None))!r}>"
 
