@@ -164,6 +164,28 @@ def wait_blocking(flight: Flight, timeout: float) -> AccessToken:
     raise error
 
 
+async def outcome(flight: Flight, fly: Fly) -> AccessToken:
+    """The token ``flight`` lands, or its error, for a caller on an asyncio loop: waited
+    for; a ``private`` flight (no thread could be had) is its one waiter's to carry out."""
+    if flight.private:
+        await fly(flight)
+        return flight.future.result()
+    return await wait_async(flight)
+
+
+def outcome_blocking(flight: Flight, fly: Fly, timeout: float) -> AccessToken:
+    """:func:`outcome` for a caller without an event loop, blocking it up to ``timeout``;
+    a ``private`` flight is carried out on a loop of its own, unless this thread runs one."""
+    if flight.private:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            run_on_own_loop(fly, flight)
+            return flight.future.result()
+        raise no_thread_here()  # nor a loop of its own, on a thread running one
+    return wait_blocking(flight, timeout)
+
+
 def no_thread_here() -> TokenRequestError:
     """The error of a blocking wait that must fetch itself, on a thread running a loop."""
     return TokenRequestError(

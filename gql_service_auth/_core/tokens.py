@@ -41,10 +41,8 @@ from .flight import (
     fetch_failure,
     landed_events,
     launch,
-    no_thread_here,
-    run_on_own_loop,
-    wait_async,
-    wait_blocking,
+    outcome,
+    outcome_blocking,
 )
 from .ledger import NotNow, Pause, Refusals, RenewalFailures, RenewalPaused, RenewalSpent
 from .plan import (
@@ -290,7 +288,7 @@ class TokenManager:
             flight = next(steps)
             for _ in range(_MAX_STEPS):
                 try:
-                    token = await self._outcome(flight)
+                    token = await outcome(flight, self._fly)
                 except TokenRequestError as error:
                     flight = steps.throw(error)
                 else:
@@ -312,7 +310,7 @@ class TokenManager:
             flight = next(steps)
             for _ in range(_MAX_STEPS):
                 try:
-                    token = self._outcome_blocking(flight)
+                    token = outcome_blocking(flight, self._fly, self._fetch_timeout + FETCH_GRACE)
                 except TokenRequestError as error:
                     flight = steps.throw(error)
                 else:
@@ -390,22 +388,6 @@ class TokenManager:
             if isinstance(after_failure, Fail):
                 raise
         return after_failure.token
-
-    async def _outcome(self, flight: Flight) -> AccessToken:
-        if flight.private:
-            await self._fly(flight)
-            return flight.future.result()
-        return await wait_async(flight)
-
-    def _outcome_blocking(self, flight: Flight) -> AccessToken:
-        if flight.private:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                run_on_own_loop(self._fly, flight)
-                return flight.future.result()
-            raise no_thread_here()  # nor a loop of its own, on a thread running one
-        return wait_blocking(flight, self._fetch_timeout + FETCH_GRACE)
 
     @property
     def refusal_answer(self) -> object:

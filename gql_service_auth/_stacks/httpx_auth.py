@@ -112,7 +112,6 @@ class ApiKeyAuth(ApiKeyAuthBase, _Auth):
         ):
             self._rules.origins.check(url.scheme, url.host)
             request.headers["Authorization"] = self._rules.authorization
-            request.extensions[_SIGNED] = True
         yield request
 
 
@@ -131,6 +130,8 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         if not _ours_to_sign(self, request):
             yield request  # the caller's own, or another service's: untouched
             return
+        if not self._own_client:  # a transport's client never sends one twice
+            request.extensions[_SIGNED] = True
         rules = self._rules_for(request.url)
         replayable = _start(rules, request)
         min_ttl = 0.0 if replayable else rules.refresh_margin
@@ -170,6 +171,8 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         if not _ours_to_sign(self, request):
             yield request  # the caller's own, or another service's: untouched
             return
+        if not self._own_client:  # a transport's client never sends one twice
+            request.extensions[_SIGNED] = True
         rules = self._rules_for(request.url)
         replayable = _start(rules, request)
         min_ttl = 0.0 if replayable else rules.refresh_margin
@@ -214,10 +217,11 @@ def _ours_to_sign(auth: OAuth2Auth, request: Request) -> bool:
 
 
 _SIGNED = "gql_service_auth.signed"
-"""The mark of a request an auth object signed, in its ``extensions`` (which httpx hands
-its transport, whose httpcore reads only the keys it knows): a request sent again, by
-``client.send(request)``, is signed again with the token of the day, not taken for the
-caller's own ``Authorization`` and sent with the token it had."""
+"""The mark of a request a plain client's OAuth2 auth signed, in its ``extensions`` (which
+httpx hands its transport, whose httpcore reads only the keys it knows): a request sent
+again, by ``client.send(request)``, is signed again with the token of the day, not taken
+for the caller's own ``Authorization`` and sent with the token it had. (An API key's
+header is the same at every send.)"""
 
 
 def _signable(request: Request) -> bool:
@@ -244,7 +248,6 @@ def _start(rules: OAuth2Rules, request: Request) -> bool:
 
 def _sign(request: Request, token: AccessToken) -> None:
     request.headers["Authorization"] = token.authorization
-    request.extensions[_SIGNED] = True
     tell_sent(token)
 
 
