@@ -33,6 +33,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
 import json
 import sys
 from collections.abc import Callable, Mapping
+from functools import partial
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -148,6 +149,8 @@ def _own_header(extra_args: dict[str, Any] | None) -> tuple[dict[str, Any] | Non
     ``auth=None`` for a call that carries the caller's own ``Authorization`` (unless it
     names an auth of its own): the transport's auth neither replaces nor re-sends it, and
     need not look for one in every request's headers. And whether it carries one."""
+    if not extra_args:  # almost every call: nothing to look at
+        return extra_args, False
     args, given = callers_own(extra_args)
     if given and args is not None and "auth" not in args:
         args = {**args, "auth": None}
@@ -311,7 +314,7 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         parent = super().execute
         args, given = _own_header(extra_args)
         return api_key_call(
-            lambda: parent(request, extra_args=args, upload_files=upload_files),
+            partial(parent, request, extra_args=args, upload_files=upload_files),
             self._secrets,
             "OAuth2HTTPXTransport",
             given=given,
@@ -353,7 +356,7 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         parent = super().execute
         args, given = _own_header(extra_args)
         return await api_key_call_async(
-            lambda: parent(request, extra_args=args, upload_files=upload_files),
+            partial(parent, request, extra_args=args, upload_files=upload_files),
             self._secrets,
             "OAuth2HTTPXAsyncTransport",
             given=given,
@@ -397,7 +400,7 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         parent = super().execute
         args, _ = _own_header(extra_args)
         return oauth2_call(
-            lambda: parent(request, extra_args=args, upload_files=upload_files),
+            partial(parent, request, extra_args=args, upload_files=upload_files),
             self._rules.secrets,
         )
 
@@ -438,7 +441,7 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         parent = super().execute
         args, _ = _own_header(extra_args)
         return await oauth2_call_async(
-            lambda: parent(request, extra_args=args, upload_files=upload_files),
+            partial(parent, request, extra_args=args, upload_files=upload_files),
             self._rules.secrets,
         )
 

@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
 import json
 import sys
 from collections.abc import Callable, Collection, Mapping
+from functools import partial
 from http.cookiejar import CookieJar
 from typing import Any, TypedDict
 
@@ -187,7 +188,7 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         parent = super().execute
         args, given = callers_own(extra_args)
         return api_key_call(
-            lambda: parent(request, timeout, args, upload_files),
+            partial(parent, request, timeout, args, upload_files),
             self._secrets,
             "OAuth2RequestsTransport",
             given=given,
@@ -320,7 +321,7 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         parent = super().execute
         args, _ = callers_own(extra_args)
         return oauth2_call(
-            lambda: parent(request, timeout, args, upload_files), self._rules.secrets
+            partial(parent, request, timeout, args, upload_files), self._rules.secrets
         )
 
     @forgets_on_error

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from functools import partial
 
 # aiohttp's LooseCookies names these in strings: typing.get_type_hints() of the options
 # and constructors (pydantic, cattrs, IDEs) looks them up in this module.
@@ -40,13 +41,11 @@ from ._core.token import AccessToken
 from ._stacks.aiohttp import (
     AuthenticatingTransport,
     transport_error,
-    watching_redirects,
     with_authorization,
 )
 from ._stacks.gql import (
     Bare401,
     Snapshot,
-    answered,
     api_key_error,
     bare_401,
     callers_own,
@@ -492,14 +491,18 @@ class OAuth2Transport(AuthenticatingTransport):
     ) -> ExecutionResult:
         """``execute`` past its fast path: no usable token, or the first send refused."""
         payload = rebuild(taken)
-        parent = super().execute
 
         async def send(token: AccessToken) -> Sent[ExecutionResult | Bare401]:
-            args = with_authorization(extra_args, token.authorization)
-            with watching_redirects() as redirects:
-                sending = parent(payload, extra_args=args, upload_files=upload_files)
-                answer = await answered(sending, self._secrets(token))
-            return sent(answer, redirected=bool(redirects))
+            answer, redirected = await self._send_once(
+                payload,
+                extra_args,
+                upload_files,
+                token,
+                _bearer_header,
+                self._prepare_result,
+                self._secrets(token),
+            )
+            return sent(answer, redirected=redirected)
 
         facts = RequestFacts(query=is_query(taken), replayable=not upload_files)
         return await self._renewed(facts, send, min_ttl, first)
@@ -519,13 +522,14 @@ class OAuth2Transport(AuthenticatingTransport):
         if given:
             return await self._batch_given(reqs, extra_args)
         payload = [rebuild(snapshot(req)) for req in reqs]
-        parent = super().execute_batch
+
+        read = partial(self._prepare_batch_result, payload)
 
         async def send(token: AccessToken) -> Sent[list[ExecutionResult] | Bare401]:
-            args = with_authorization(extra_args, token.authorization)
-            with watching_redirects() as redirects:
-                answer = await answered(parent(payload, extra_args=args), self._secrets(token))
-            return sent_batch(answer, redirected=bool(redirects))
+            answer, redirected = await self._send_once(
+                payload, extra_args, False, token, _bearer_header, read, self._secrets(token)
+            )
+            return sent_batch(answer, redirected=redirected)
 
         return await self._renewed(RequestFacts(batch=True), send, 0.0, None)
 

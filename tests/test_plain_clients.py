@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy as copy_module
 import importlib.util
 import json
+import pickle
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -281,6 +283,51 @@ def test_credentials_never_go_over_plain_http_to_another_host(emulator: Emulator
             module.ApiKeyAuth.from_env(environ, url="http://api.example.com/graphql")
     assert sent == []
     assert emulator.counters.token_requests == 0
+
+
+def test_a_plain_http_request_is_refused_again_at_each_send(emulator: Emulator) -> None:
+    """What an auth decides of an origin is kept for the next requests, but a refusal is
+    not a decision kept: every request to the origin is refused."""
+    auth = service_httpx.OAuth2Auth.from_env(
+        emulator.environ(), retry=NO_WAIT, sign_any_origin=True
+    )
+    sent: list[httpx.Request] = []
+    with httpx.Client(auth=auth, transport=_answering(sent)) as client:
+        for _ in range(2):
+            with pytest.raises(ConfigurationError, match=r"over http to api\.example\.com"):
+                client.post("http://api.example.com/graphql", json=QUERY)
+    assert sent == []
+    assert emulator.counters.token_requests == 0
+
+
+def test_a_copy_of_an_auth_reads_the_environments_proxy_again(
+    emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An auth decides once per origin whether plain http to it is safe (a loopback host,
+    no remote proxy in the environment). A copy may land in another environment, whose
+    proxy would read the token in clear text: it decides again."""
+    auth = service_httpx.OAuth2Auth.from_env(emulator.environ(), retry=NO_WAIT)
+    sent: list[httpx.Request] = []
+    with httpx.Client(auth=auth, transport=_answering(sent)) as client:
+        client.post(emulator.graphql_url, json=QUERY)
+    set_http_proxy(monkeypatch, "http://192.0.2.1:3128")  # TEST-NET-1: never reached
+    for copy in (pickle.loads(pickle.dumps(auth)), copy_module.deepcopy(auth)):
+        with (
+            httpx.Client(auth=copy, transport=_answering(sent), trust_env=False) as client,
+            pytest.raises(ConfigurationError, match="NO_PROXY"),
+        ):
+            client.post(emulator.graphql_url, json=QUERY)
+    assert len(sent) == 1
+
+
+def _answering(sent: list[httpx.Request]) -> httpx.MockTransport:
+    """A transport that answers every request with a GraphQL answer, and keeps it."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=ANSWER)
+
+    return httpx.MockTransport(answer)
 
 
 def test_a_failed_token_request_is_raised_to_plain_clients_as_it_is(emulator: Emulator) -> None:
@@ -664,3 +711,49 @@ def test_an_httpx_request_sent_again_is_signed_again(
         emulator.revoke_tokens()
         assert client.send(request).json() == ANSWER
     assert emulator.counters.token_requests == (2 if kind == "oauth2" else 0)
+
+
+@pytest.mark.parametrize("share_tokens", [True, False])
+def test_an_origin_in_use_keeps_its_token_while_the_client_calls_many_hosts(
+    emulator: Emulator, share_tokens: bool
+) -> None:
+    """Signing every origin, an auth keeps rules for a few APIs and decisions for more
+    origins: one in use keeps its token manager, and so its token, however many other
+    hosts its client calls in between."""
+    tokens_seen: set[str] = set()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "busy.example":
+            tokens_seen.add(request.headers["Authorization"])
+        return httpx.Response(200, json=ANSWER)
+
+    auth = service_httpx.OAuth2Auth.from_env(
+        emulator.environ(), retry=NO_WAIT, sign_any_origin=True, share_tokens=share_tokens
+    )
+    others = 100  # more than the decisions kept (64) and the rules (16)
+    with httpx.Client(auth=auth, transport=httpx.MockTransport(answer)) as client:
+        for i in range(others):
+            client.post("https://busy.example/graphql", json=QUERY)
+            client.post(f"https://other{i}.example/graphql", json=QUERY)
+    assert len(tokens_seen) == 1
+    assert emulator.counters.token_requests == 1 + others
+
+
+async def test_a_stream_through_a_transports_client_is_handed_back_before_its_end(
+    emulator: Emulator,
+) -> None:
+    """``transport.client.stream()`` to the service: the answer comes back as its first
+    part arrives, not once it ends (a server-sent events stream may never end)."""
+    with held_stream(200, "text/event-stream") as (url, go_on):
+        transport = service_httpx.OAuth2HTTPXAsyncTransport.from_env(
+            emulator.environ(), url=url, retry=NO_WAIT
+        )
+        async with Client(transport=transport):
+            # Buffered whole, the answer would wait for go_on, set below: the read timeout
+            # ends that wait.
+            client = transport.client
+            async with client.stream("POST", url, json=QUERY, timeout=HANG_GUARD / 2) as response:
+                lines = response.aiter_lines()
+                assert await anext(lines) == "data: one"
+                go_on.set()
+                assert [line async for line in lines if line] == ["data: two"]

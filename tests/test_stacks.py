@@ -403,6 +403,21 @@ def test_a_refusal_with_data_under_any_content_type_never_runs_a_mutation_twice(
 _UNAUTHENTICATED = {"extensions": {"code": "UNAUTHENTICATED"}}
 
 
+@pytest.mark.parametrize("content_type", ["multipart/mixed; boundary=x", "text/event-stream"])
+def test_a_refusal_under_a_stream_content_type_is_read_as_gql_reads_it(
+    way: Way, oauth2: Callable[..., Any], emulator: Emulator, content_type: str
+) -> None:
+    """A transport's call is read whole by gql, whatever its content type: a refusal
+    before the query ran is renewed and sent again on every stack, as any other."""
+    transport = oauth2()
+    way.one(transport, Call(COUNT))
+    refusal = {"data": None, "errors": [{"message": "expired", **_UNAUTHENTICATED}]}
+    emulator.fail_graphql_requests(1, body=refusal, headers={"Content-Type": content_type})
+    assert answers(way.run(transport, [Call(COUNT)])) == [ANSWER]
+    assert emulator.counters.token_requests == 2
+    assert emulator.counters.graphql_requests == 3
+
+
 def test_a_transport_keeps_no_secret_where_vars_shows_it(
     way: Way, oauth2: Callable[..., Any], emulator: Emulator
 ) -> None:

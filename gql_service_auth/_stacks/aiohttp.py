@@ -7,8 +7,7 @@ the requests of one credential, and what a forked child does with its parent's c
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,12 +30,13 @@ from .._core.errors import ConfigurationError
 
 # Imported for what it does: it registers how aiohttp errors are scrubbed.
 from . import aiohttp_redact  # noqa: F401
-from .gql import AnswerHeadersApart, as_given, stream_as_given
+from .gql import AnswerHeadersApart, Bare401, as_given, bare_401, stream_as_given
 
 if TYPE_CHECKING:
     from aiohttp.client import _RequestContextManager
 
 _C = TypeVar("_C")
+_R = TypeVar("_R")
 
 # gql's transport keeps the files of an upload in one attribute per transport, opened
 # before the request and closed in a `finally` after it: concurrent uploads closed each
@@ -44,33 +44,6 @@ _C = TypeVar("_C")
 _UPLOAD_FILES: ContextVar[tuple[object, dict[str, FileVar]] | None] = ContextVar(
     "gql_service_auth_upload_files", default=None
 )
-
-
-# Whether the answer gql read in this context came back through a redirect: gql's execute
-# returns the answer, not the response, and it reads every answer through
-# _get_json_result, in the caller's own context.
-_REDIRECTS: ContextVar[list[bool] | None] = ContextVar("gql_service_auth_redirects", default=None)
-
-
-@contextlib.contextmanager
-def watching_redirects() -> Iterator[list[bool]]:
-    """A list that :func:`note_redirect` fills while the block sends a request: non-empty
-    when its answer came back through a redirect."""
-    seen: list[bool] = []
-    reset = _REDIRECTS.set(seen)
-    try:
-        yield seen
-    finally:
-        _REDIRECTS.reset(reset)
-
-
-def note_redirect(response: aiohttp.ClientResponse) -> None:
-    """Note, for :func:`watching_redirects`, that ``response`` came through a redirect."""
-    seen = _REDIRECTS.get()
-    # getattr: a response_class of the caller's may be a stand-in.
-    history: tuple[object, ...] = getattr(response, "history", ())
-    if seen is not None and history:
-        seen.append(True)
 
 
 def with_authorization(extra_args: Mapping[str, Any] | None, authorization: str) -> dict[str, Any]:
@@ -162,12 +135,6 @@ class AuthenticatingTransport(AnswerHeadersApart, AIOHTTPTransport):
         parent = AIOHTTPTransport.subscribe(self, request, extra_args=extra_args)
         return stream_as_given(parent, [self._credentials.client_secret])
 
-    async def _get_json_result(self, response: aiohttp.ClientResponse) -> Any:
-        # gql reads every answer here, bare 401s included, in the caller's context:
-        # whether it came through a redirect is noted for a send that watches for it.
-        note_redirect(response)
-        return await super()._get_json_result(response)
-
     def __init__(
         self,
         url: str | URL,
@@ -242,7 +209,7 @@ class AuthenticatingTransport(AnswerHeadersApart, AIOHTTPTransport):
 
     def _post(
         self,
-        request: GraphQLRequest,
+        request: GraphQLRequest | list[GraphQLRequest],
         extra_args: dict[str, Any] | None,
         upload_files: bool,
         credential: _C,
@@ -267,7 +234,8 @@ class AuthenticatingTransport(AnswerHeadersApart, AIOHTTPTransport):
                 # Rebound once per credential: what requests in flight read never changes.
                 shared = self._shared_args = SharedArgs(credential, header_of(credential))
             args = shared.args
-        session = self.session
+        # The session property's read, in line: a call less per request.
+        session = self._sessions.get(asyncio.get_running_loop())
         if session is None:
             raise TransportClosed("Transport is not connected")
         post_args = self._prepare_request(request, args, upload_files)
@@ -278,6 +246,39 @@ class AuthenticatingTransport(AnswerHeadersApart, AIOHTTPTransport):
             if upload_files:
                 self._close_upload()
             raise transport_error(exc) from exc
+
+    async def _send_once(
+        self,
+        request: GraphQLRequest | list[GraphQLRequest],
+        extra_args: dict[str, Any] | None,
+        upload_files: bool,
+        credential: _C,
+        header_of: Callable[[_C], str],
+        read: Callable[[aiohttp.ClientResponse], Awaitable[_R]],
+        secrets: Sequence[str],
+    ) -> tuple[_R | Bare401, bool]:
+        """One send of ``request`` (a batch: a list) with ``credential``'s header.
+
+        Returns the answer ``read`` gives (``_prepare_result``, or ``_prepare_batch_result``
+        bound to the batch) or the bare 401 it met, its chain rid of ``secrets``; and
+        whether it came back through a redirect (rule 5 of
+        :mod:`gql_service_auth._core.refusal`). Any other failure is raised as gql's
+        ``execute`` raises it. The sends past a request's first: ``execute`` has this in
+        line for its first (see :meth:`_post`).
+        """
+        posting = self._post(request, extra_args, upload_files, credential, header_of)
+        redirected = False
+        try:
+            async with posting as response:
+                # getattr: a response_class of the caller's may be a stand-in.
+                redirected = bool(getattr(response, "history", ()))
+                answer: _R | Bare401 = await read(response)
+        except Exception as exc:
+            answer = bare_401(transport_error(exc), secrets)
+        finally:
+            if upload_files:
+                self._close_upload()
+        return answer, redirected
 
     def _close_upload(self) -> None:
         """Close the files of the upload this task sent, as gql's ``execute`` does."""

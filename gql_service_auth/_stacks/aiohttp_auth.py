@@ -21,7 +21,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from ssl import SSLContext
-from typing import Any
 
 from aiohttp import StreamReader, hdrs
 from aiohttp.base_protocol import BaseProtocol
@@ -162,7 +161,6 @@ class OAuth2Middleware(OAuth2AuthBase):
             inherited=None,
             inherited_from="the session's",
         )
-        self._seen = {}
         # The request's own proxy is checked (see _check_origin), not the environment's.
         per_api = self._per_api
         assert per_api is not None
@@ -197,41 +195,19 @@ class OAuth2Middleware(OAuth2AuthBase):
             client_secret,
         )
 
-    def _of_origin(self, url: URL) -> OAuth2Rules | None:
-        """The rules of a request to ``url``, ``None`` when it is not the service's.
-
-        Kept per origin: reading them again (the URL's origin parsed, the lock of the
-        rules per API taken) is the largest part of this layer's cost per request.
-        """
-        key = (url.scheme, url.raw_host, url.port)
-        seen = self._seen
-        if key in seen:
-            rules = seen[key]
-            if rules is not None and self._per_api is not None:
-                self._per_api.latest = rules  # what .token shows
-            return rules
-        # raw_host: the name as it goes on the wire (punycode), as the service's URL is
-        # compared (see ServiceOrigin).
-        rules = self._rules_for(url) if self._signs(url.scheme, url.raw_host, url.port) else None
-        if len(seen) >= _ORIGINS_KEPT:
-            seen.clear()
-        seen[key] = rules
-        return rules
-
-    _seen: dict[tuple[str, str | None, int | None], OAuth2Rules | None]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_seen", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._seen = {}
+    def _clear(self, rules: OAuth2Rules, scheme: str, host: str | None) -> None:
+        """Nothing here: each request's own proxy is checked as it goes (``_check_origin``)."""
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         headers = request.headers
-        rules = None if hdrs.AUTHORIZATION in headers else self._of_origin(request.url)
+        url = request.url
+        # raw_host: the name as it goes on the wire (punycode), as the service's URL is
+        # compared (see ServiceOrigin).
+        rules = (
+            None
+            if hdrs.AUTHORIZATION in headers
+            else self._of_origin(url.scheme, url.raw_host, url.port, url)
+        )
         if rules is None:
             # The caller's own (neither replaced nor re-sent), or another service's (no
             # token is fetched for it).
@@ -268,10 +244,6 @@ class OAuth2Middleware(OAuth2AuthBase):
             # quote the token: a crash reporter would show them.
             clear_locals(exc)
             raise
-
-
-_ORIGINS_KEPT = 64
-"""How many origins a middleware keeps its decision for (signed or not, and the rules)."""
 
 
 async def _renewed(

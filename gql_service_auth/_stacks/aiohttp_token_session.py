@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import netrc
 import os
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -354,6 +353,8 @@ def _netrc_entry(host: str | None) -> str | None:
     path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
     if host is None or not os.path.exists(path):
         return None
+    import netrc  # here: it imports shlex, and most machines have no .netrc to read
+
     try:
         entry = netrc.netrc(path).authenticators(host)
     except (OSError, ValueError, netrc.NetrcParseError):

@@ -77,6 +77,11 @@ def service_origin(
     return ServiceOrigin(str(url))
 
 
+_ORIGINS_KEPT = 64
+"""How many origins an OAuth2 auth object keeps its decision for (signed or not, and the
+rules): a client that talks to many hosts decides again, past that."""
+
+
 class _PerApi:
     """A standalone auth object's rules for each API (origin) it signs requests to.
 
@@ -112,18 +117,33 @@ class _PerApi:
         Raises:
             ConfigurationError: plain http to a host that is not loopback, not allowed.
         """
+        return self.rules_of_api(url)[0]
+
+    def rules_of_api(self, url: object) -> tuple[OAuth2Rules, str | None]:
+        """:meth:`rules`, and the API they are kept under (see :meth:`kept`)."""
         parsed = URL(str(url))
         self.settings.origins.check(parsed.scheme, parsed.host or "")
         api = api_endpoint(parsed, path=False)
+        return self.kept(api, None), api
+
+    def kept(self, api: str | None, rules: OAuth2Rules | None) -> OAuth2Rules:
+        """The rules of ``api``, now the latest used and the last to be dropped.
+
+        ``rules``: those the auth kept for the API's origin (see ``_of_origin``), used
+        again; kept here again if they were dropped meanwhile, so that an origin in use
+        keeps one token however many others pass. ``None``: new rules if there are none.
+        """
         with self._lock:
-            rules = self._by_api.get(api)
-            if rules is None:
-                rules = self._by_api[api] = self.settings.rules(api)
+            current = self._by_api.get(api)
+            if current is None:
+                current = self._by_api[api] = (
+                    rules if rules is not None else self.settings.rules(api)
+                )
                 while len(self._by_api) > _APIS_KEPT:
                     self._by_api.popitem(last=False)
             self._by_api.move_to_end(api)
-            self.latest = rules
-        return rules
+            self.latest = current
+        return current
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at the fork
@@ -336,6 +356,7 @@ class OAuth2AuthBase:
         )
         self._rules: OAuth2Rules | None = None
         self._per_api: _PerApi | None = _PerApi(settings)
+        self._seen = {}
 
     #: See ``ApiKeyAuthBase._own_client``.
     _own_client = False
@@ -350,6 +371,7 @@ class OAuth2AuthBase:
         auth._rules = rules
         auth._per_api = None
         auth._own_client = True
+        auth._seen = {}
         return auth
 
     def _signs(self, scheme: str, host: str | None, port: int | None) -> bool:
@@ -362,6 +384,65 @@ class OAuth2AuthBase:
             return self._per_api.rules(url)
         assert self._rules is not None
         return self._rules
+
+    def _of_origin(
+        self, scheme: str, host: str | None, port: int | None, url: object
+    ) -> OAuth2Rules | None:
+        """The rules of a request to ``url``, of origin ``scheme://host:port``, once
+        credentials may go there (:meth:`_clear`); ``None`` when it is not the service's.
+
+        Kept per origin: deciding again (the origin compared, the plain-http rule, the
+        rules per API looked up under their lock) was the largest part of the auth
+        objects' cost per request in figure 1 of ``make bench``. An origin refused by
+        :meth:`_clear` is not kept: it raises at each request.
+        """
+        key = (scheme, host, port)
+        seen = self._seen
+        # One read: threads share the auth, and another may clear the dict between two.
+        found = seen.get(key)
+        if found is not None:
+            rules, api = found
+            if rules is not None and self._per_api is not None:
+                # Used again: the latest (what .token shows), and kept by the rules per API
+                # as long as it is used (a busy API among many others keeps its token).
+                kept = self._per_api.kept(api, rules)
+                if kept is not rules:
+                    seen[key] = (kept, api)
+                rules = kept
+            return rules
+        rules, api = None, None
+        if self._signs(scheme, host, port):
+            if self._per_api is not None:
+                rules, api = self._per_api.rules_of_api(url)
+            else:
+                rules = self._rules_for(url)
+            self._clear(rules, scheme, host)
+        if len(seen) >= _ORIGINS_KEPT:
+            seen.clear()
+        seen[key] = (rules, api)
+        return rules
+
+    def _clear(self, rules: OAuth2Rules, scheme: str, host: str | None) -> None:
+        """Raise ``ConfigurationError`` unless credentials may go to ``scheme://host``
+        in the clear (see :class:`~gql_service_auth._stacks.http_auth.InsecureOrigins`),
+        the environment's proxy weighed: requests' and httpx's auths do not see their
+        client's. (aiohttp's middleware checks each request's own proxy instead.)"""
+        rules.origins.check(scheme, host or "")
+
+    # Each decision with the API its rules are kept under (see _PerApi.kept), in a tuple:
+    # rules of None (not the service's) are found by one get().
+    _seen: dict[tuple[str, str | None, int | None], tuple[OAuth2Rules | None, str | None]]
+
+    # pickle and copy: what was decided per origin is decided again (the environment's
+    # proxy, read once per origin, may differ where the copy lands).
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_seen", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._seen = {}
 
     @classmethod
     @forgets_on_error

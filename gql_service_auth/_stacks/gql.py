@@ -286,14 +286,6 @@ def refused_error(outcome: Refused[Any], secrets: list[str]) -> UnauthenticatedE
     return UnauthenticatedError(message, errors=errors, data=data, extensions=extensions)
 
 
-async def answered(sending: Awaitable[_T], secrets: Sequence[str]) -> _T | Bare401:
-    """The answer of ``sending``, or the HTTP 401 it met without a GraphQL body."""
-    try:
-        return await sending
-    except TransportError as exc:
-        return bare_401(exc, secrets)
-
-
 def settled(
     outcome: Outcome[_T | Bare401],
     refusal_answer: object,

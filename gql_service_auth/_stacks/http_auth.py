@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -218,6 +218,10 @@ class InsecureOrigins:
         """Whether plain http to any host was allowed (``allow_insecure_http``)."""
         return self._allowed
 
+    # pickle and copy: a copy may land in another environment, whose proxy it reads again.
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _insecure_origins, (self._allowed, self._environment)
+
     def without_environment(self) -> InsecureOrigins:
         """The same check, the environment's proxy left out (the client's is checked)."""
         return InsecureOrigins(self._allowed, environment=False)
@@ -234,6 +238,10 @@ class InsecureOrigins:
                 self._seen.clear()
         if refusal:
             raise ConfigurationError(refusal)
+
+
+def _insecure_origins(allow_insecure_http: bool, environment: bool) -> InsecureOrigins:
+    return InsecureOrigins(allow_insecure_http, environment=environment)
 
 
 def _plain_http_refusal(scheme: str, host: str, environment: bool) -> str:
@@ -356,61 +364,48 @@ class OAuth2Rules:
     def __repr__(self) -> str:
         return f"<OAuth2Rules client_id={self.credentials.client_id!r}>"
 
-    def secrets(self, sent: list[str]) -> list[str]:
+    def secrets(self, sent: Sequence[str]) -> list[str]:
         """What an answer to a call may quote: the client secret and the tokens ``sent``."""
         return [self.credentials.client_secret, *sent]
 
 
-class Exchange:
-    """What an auth flow tells the gql transport that made its request.
+class Exchange(list[str]):
+    """What an auth flow tells the gql transport that made its request: the tokens sent,
+    which the answers may quote (the list's items), and ``refused``, how the request
+    ended when the service refused it to the end (the transport raises the package's
+    error for it), ``None`` otherwise.
 
-    Attributes:
-        refused: How the request ended when the service refused it to the end; the
-            transport raises the package's error for it. ``None`` otherwise.
-        secrets: The tokens sent, which the answers may quote.
+    A list, with a slot and no ``__init__`` of its own (its maker sets ``refused``): every
+    request makes one, and a Python ``__init__`` cost a measurable part of figure 1's
+    budget; without a ``__dict__``, ``vars()`` of a live call's record shows no token.
     """
 
-    # A plain class: every request makes one, and a dataclass's default_factory costs more.
-    __slots__ = ("refused", "secrets")
+    __slots__ = ("refused",)
 
-    def __init__(self) -> None:
-        self.refused: Refused[Any] | None = None
-        self.secrets: list[str] = []
+    refused: Refused[Any] | None
 
     def __repr__(self) -> str:
-        # Without the secrets: a traceback's frames show their locals, this record among them.
+        # Without the tokens: a traceback's frames show their locals, this record among them.
         return f"<Exchange refused={self.refused is not None}>"
 
 
 _EXCHANGE: ContextVar[Exchange | None] = ContextVar("gql_service_auth_exchange", default=None)
+"""The :class:`Exchange` that the auth flows of the current call write to. A
+``ContextVar``: the auth flow runs on the caller's thread (requests, sync httpx) or in its
+task (async httpx), while another caller's flow writes its own. Set and reset in line by
+:func:`oauth2_call`: a context manager's two calls per request cost more."""
 
 
-class exchange:
-    """An :class:`Exchange` that the auth flows of the calls made inside write to.
-
-    A ``ContextVar``: the auth flow runs on the caller's thread (requests, sync httpx) or
-    in its task (async httpx), while another caller's flow writes its own. A class, not
-    ``contextlib.contextmanager``: every request enters it, and a generator costs a
-    microsecond more.
-    """
-
-    __slots__ = ("_record", "_reset")
-
-    def __enter__(self) -> Exchange:
-        self._record = Exchange()
-        self._reset = _EXCHANGE.set(self._record)
-        return self._record
-
-    def __exit__(self, *exc_info: object) -> None:
-        _EXCHANGE.reset(self._reset)
-
-
-def tell_sent(token: AccessToken) -> None:
+def tell_sent(token: AccessToken) -> bool:
     """Note a token the current call sent, which its answers may quote, for its gql
-    transport to scrub them of."""
+    transport to scrub them of. Whether a gql transport's call is listening: a request
+    that transport's own auth signs is then the call's own, whose answer gql reads whole
+    next, whatever its content type."""
     record = _EXCHANGE.get()
-    if record is not None:
-        record.secrets.append(token.value)
+    if record is None:
+        return False
+    record.append(token.value)
+    return True
 
 
 def tell_refused(outcome: Refused[Any]) -> None:
@@ -432,35 +427,43 @@ def _has_errors(answer: object) -> bool:
     return bool(getattr(answer, "errors", None))
 
 
-def oauth2_call(call: Callable[[], _T], secrets: Callable[[list[str]], list[str]]) -> _T:
+def oauth2_call(call: Callable[[], _T], secrets: Callable[[Sequence[str]], list[str]]) -> _T:
     """``call()`` (gql's ``execute`` or ``execute_batch``) of an OAuth2 transport:
     its answer, or the package's error. ``secrets`` gives what answers may quote, from
     the tokens the call sent."""
-    with exchange() as record:
-        try:
-            answer = call()
-        except TransportError as exc:
-            failure = oauth2_failure(exc, record.refused, secrets(record.secrets))
-        else:
-            if record.refused is None and not _has_errors(answer):
-                return answer
-            return oauth2_answer(answer, record.refused, secrets(record.secrets))
+    record = Exchange()
+    record.refused = None
+    reset = _EXCHANGE.set(record)
+    try:
+        answer = call()
+    except TransportError as exc:
+        failure = oauth2_failure(exc, record.refused, secrets(record))
+    else:
+        if record.refused is None and not _has_errors(answer):
+            return answer
+        return oauth2_answer(answer, record.refused, secrets(record))
+    finally:
+        _EXCHANGE.reset(reset)
     raise failure  # outside the except block: gql's wrapper stays out of our error's chain
 
 
 async def oauth2_call_async(
-    call: Callable[[], Awaitable[_T]], secrets: Callable[[list[str]], list[str]]
+    call: Callable[[], Awaitable[_T]], secrets: Callable[[Sequence[str]], list[str]]
 ) -> _T:
     """:func:`oauth2_call` for an async transport."""
-    with exchange() as record:
-        try:
-            answer = await call()
-        except TransportError as exc:
-            failure = oauth2_failure(exc, record.refused, secrets(record.secrets))
-        else:
-            if record.refused is None and not _has_errors(answer):
-                return answer
-            return oauth2_answer(answer, record.refused, secrets(record.secrets))
+    record = Exchange()
+    record.refused = None
+    reset = _EXCHANGE.set(record)
+    try:
+        answer = await call()
+    except TransportError as exc:
+        failure = oauth2_failure(exc, record.refused, secrets(record))
+    else:
+        if record.refused is None and not _has_errors(answer):
+            return answer
+        return oauth2_answer(answer, record.refused, secrets(record))
+    finally:
+        _EXCHANGE.reset(reset)
     raise failure
 
 

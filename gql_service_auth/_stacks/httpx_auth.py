@@ -38,10 +38,10 @@ from .auth_objects import ApiKeyAuthBase, OAuth2AuthBase
 from .gql import detached_401, first_of, first_token_blocking
 from .http_auth import (
     NOT_REFUSED,
+    STREAM_TYPES,
     OAuth2Rules,
     answer_of,
     facts_of,
-    reads_body,
     tell_refused,
     tell_sent,
 )
@@ -127,20 +127,26 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
     """
 
     def sync_auth_flow(self, request: Request) -> Generator[Request, Response, None]:
-        if not _ours_to_sign(self, request):
+        rules = self._to_sign(request)
+        if rules is None:
             yield request  # the caller's own, or another service's: untouched
             return
-        if not self._own_client:  # a transport's client never sends one twice
-            request.extensions[_SIGNED] = True
-        rules = self._rules_for(request.url)
-        replayable = _start(rules, request)
+        # The first send, inline: almost every request is accepted at once.
+        replayable = isinstance(request.stream, _BYTE_STREAMS) or _replayable(request)
         min_ttl = 0.0 if replayable else rules.refresh_margin
         token = rules.tokens.fresh(min_ttl) or first_token_blocking(rules.tokens, min_ttl)
-        _sign(request, token)
+        request.headers["Authorization"] = token.authorization
+        # A transport's own call (gql's post) is read whatever its content type, as gql
+        # reads it next and the aiohttp transports read theirs; any other answer by its
+        # content type (_body): a stream, even one opened with the transport's client, is
+        # the caller's to read.
+        in_call = tell_sent(token)
+        whole = self._own_client and in_call
         response = yield request
-        if not _ours(response, request, token):
+        # Without a redirect, httpx answers the very request signed (see _ours).
+        if response.request is not request and not _ours(response, request, token):
             return
-        body = response.read() if _body(response) else None
+        body = response.read() if whole or _body(response) else None
         answer = answer_of(response.status_code, body)
         if answer is None:
             rules.tokens.confirm(token)
@@ -157,7 +163,8 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
             if isinstance(command, Send):
                 _sign(request, command.token)
                 response = yield request
-                body = response.read() if _reads(response, request, command.token) else None
+                reads = _reads(response, request, command.token, whole)
+                body = response.read() if reads else None
                 reply = _reply(response, request, command.token, body)
             elif isinstance(command, NeedToken):
                 reply = rules.tokens.get_blocking(
@@ -168,20 +175,21 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
                 reply = None
 
     async def async_auth_flow(self, request: Request) -> AsyncGenerator[Request, Response]:
-        if not _ours_to_sign(self, request):
+        rules = self._to_sign(request)
+        if rules is None:
             yield request  # the caller's own, or another service's: untouched
             return
-        if not self._own_client:  # a transport's client never sends one twice
-            request.extensions[_SIGNED] = True
-        rules = self._rules_for(request.url)
-        replayable = _start(rules, request)
+        # The first send, inline, as in sync_auth_flow.
+        replayable = isinstance(request.stream, _BYTE_STREAMS) or _replayable(request)
         min_ttl = 0.0 if replayable else rules.refresh_margin
         token = rules.tokens.fresh(min_ttl) or await _first_token(rules, min_ttl)
-        _sign(request, token)
+        request.headers["Authorization"] = token.authorization
+        in_call = tell_sent(token)  # as in sync_auth_flow
+        whole = self._own_client and in_call
         response = yield request
-        if not _ours(response, request, token):
+        if response.request is not request and not _ours(response, request, token):
             return
-        body = await response.aread() if _body(response) else None
+        body = await response.aread() if whole or _body(response) else None
         answer = answer_of(response.status_code, body)
         if answer is None:
             rules.tokens.confirm(token)
@@ -198,7 +206,7 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
             if isinstance(command, Send):
                 _sign(request, command.token)
                 response = yield request
-                reads = _reads(response, request, command.token)
+                reads = _reads(response, request, command.token, whole)
                 body = await response.aread() if reads else None
                 reply = _reply(response, request, command.token, body)
             elif isinstance(command, NeedToken):
@@ -207,13 +215,19 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
                 await rules.tokens.waits(anyio.sleep)(command.seconds)
                 reply = None
 
-
-def _ours_to_sign(auth: OAuth2Auth, request: Request) -> bool:
-    """Whether ``request`` is the auth's to sign: to its service, without the caller's
-    own ``Authorization`` (never replaced nor re-sent). A transport's own auth signs what
-    its client sends (see ``_own_client``)."""
-    url = request.url
-    return (auth._own_client or _signable(request)) and auth._signs(url.scheme, url.host, url.port)
+    def _to_sign(self, request: Request) -> OAuth2Rules | None:
+        """The rules to sign ``request`` with: ``None`` for one to another service, or one
+        with the caller's own ``Authorization`` (never replaced nor re-sent). A transport's
+        own auth signs what its client sends (see ``_own_client``)."""
+        url = request.url
+        if self._own_client:
+            return self._of_origin(url.scheme, url.host, url.port, url)
+        if not _signable(request):
+            return None
+        rules = self._of_origin(url.scheme, url.host, url.port, url)
+        if rules is not None:
+            request.extensions[_SIGNED] = True
+        return rules
 
 
 _SIGNED = "gql_service_auth.signed"
@@ -237,13 +251,6 @@ def _has_authorization(request: Request) -> bool:
     that gql's own transport does not do.
     """
     return any(name.lower() == b"authorization" for name, _ in request.headers.raw)
-
-
-def _start(rules: OAuth2Rules, request: Request) -> bool:
-    """Check where ``request`` goes; whether its body can be sent twice."""
-    url = request.url
-    rules.origins.check(url.scheme, url.host)
-    return _replayable(request)
 
 
 def _sign(request: Request, token: AccessToken) -> None:
@@ -290,19 +297,24 @@ def _sent(answer: Answer, response: Response) -> Sent[Response]:
     return Sent(answer, response, detached_401(answer, response.raise_for_status))
 
 
-def _reads(response: Response, request: Request, token: AccessToken) -> bool:
-    """Whether a re-send's answer is read for a refusal: one that came back from another
-    origin (a redirect) refuses nothing of ``token``, which it was sent without."""
-    return _ours(response, request, token) and _body(response)
+def _reads(response: Response, request: Request, token: AccessToken, whole: bool) -> bool:
+    """Whether a re-send's answer is read for a refusal (``whole``: whatever its content
+    type, see the flows): one that came back from another origin (a redirect) refuses
+    nothing of ``token``, which it was sent without."""
+    return _ours(response, request, token) and (whole or _body(response))
 
 
 def _body(response: Response) -> bool:
-    """Whether ``response``'s body is read for a refusal (a stream is not)."""
+    """Whether ``response``'s body is read for a refusal (a stream's is not, even on a
+    transport's client: ``transport.client.stream()`` is the caller's to read)."""
     # From the raw headers, as in _has_authorization: .get() decodes every header first.
     for name, value in response.headers.raw:
         if name.lower() == b"content-type":
-            return reads_body(value.decode("latin-1"))
+            return not value.partition(b";")[0].strip().lower().startswith(_STREAM_TYPES)
     return True
+
+
+_STREAM_TYPES = tuple(kind.encode() for kind in STREAM_TYPES)
 
 
 def _flow(

@@ -97,8 +97,12 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         min_ttl = 0.0 if replayable else rules.refresh_margin
         token = rules.tokens.fresh(min_ttl) or first_token_blocking(rules.tokens, min_ttl)
         r.headers["Authorization"] = token.authorization
-        tell_sent(token)
-        r.register_hook("response", partial(self._answered, rules, token, replayable, min_ttl))
+        # A transport's own call's answer is read whatever its content type (unless the
+        # call streams), as gql reads it next: see the httpx auth flow.
+        in_call = tell_sent(token)
+        whole = self._own_client and in_call
+        hook = partial(self._answered, rules, token, replayable, min_ttl, whole)
+        r.register_hook("response", hook)
         return r
 
     def _answered(
@@ -107,10 +111,12 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         token: AccessToken,
         replayable: bool,
         min_ttl: float,
+        whole: bool,
         r: Response,
         **kwargs: Any,
     ) -> Response | None:
-        """The response hook: the answer, or the answer of a re-send with a renewed token."""
+        """The response hook: the answer, or the answer of a re-send with a renewed token.
+        ``whole``: a transport's own call, read whatever its content type."""
         if r.request.headers.get("Authorization") != token.authorization:
             # A redirect to another host, which requests sent without our credentials:
             # its answer says nothing of our token, and nothing goes there again.
@@ -118,7 +124,7 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         stream = bool(kwargs.get("stream"))
         if not _reads(r, stream):
             return None
-        answer = _answer(r)
+        answer = _answer(r, whole and not stream)
         if answer is None:
             rules.tokens.confirm(token)
             return None
@@ -146,7 +152,8 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
             response.history.append(previous)
             response.request = prepared
             last[0] = response
-            answer = (_answer(response) if _reads(response, stream) else None) or NOT_REFUSED
+            read = _reads(response, stream)
+            answer = (_answer(response, whole and not stream) if read else None) or NOT_REFUSED
             return Sent(answer, response, detached_401(answer, response.raise_for_status))
 
         def get_token(need: NeedToken) -> AccessToken | NotNow:
@@ -168,8 +175,10 @@ def _reads(r: Response, stream: bool) -> bool:
     return not stream or r.status_code == 401
 
 
-def _answer(r: Response) -> Answer | None:
-    body = r.content if reads_body(r.headers.get("Content-Type")) else None
+def _answer(r: Response, whole: bool = False) -> Answer | None:
+    """What ``r`` says of the credentials; its body read if ``whole``, else by its
+    content type."""
+    body = r.content if whole or reads_body(r.headers.get("Content-Type")) else None
     return answer_of(r.status_code, body)
 
 
