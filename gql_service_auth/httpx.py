@@ -35,7 +35,8 @@ import sys
 from collections.abc import Callable, Mapping
 from functools import partial
 from ssl import SSLContext
-from typing import TYPE_CHECKING, Any, TypedDict
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, TypedDict
 
 from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
@@ -155,6 +156,23 @@ def _own_header(extra_args: dict[str, Any] | None) -> tuple[dict[str, Any] | Non
     if given and args is not None and "auth" not in args:
         args = {**args, "auth": None}
     return args, given
+
+
+def _oauth2_args(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An OAuth2 call's ``extra_args`` (see :func:`_own_header`), its request marked as
+    the transport's gql call (``GQL_CALL`` in its ``extensions``): gql reads the answer
+    whole next, and the auth reads it for a refusal whatever its content type."""
+    if not extra_args:
+        return _GQL_CALL_ARGS
+    args, given = _own_header(extra_args)
+    if given or args is None:  # sent as it is, by no auth of ours
+        return args
+    extensions = args.get("extensions") or {}
+    return {**args, "extensions": {**extensions, _auth.GQL_CALL: True}}
+
+
+# Shared by the calls without extra_args: gql and httpx copy what they read of it.
+_GQL_CALL_ARGS: Final[dict[str, Any]] = {"extensions": MappingProxyType({_auth.GQL_CALL: True})}
 
 
 def _proxy_url(proxy: object) -> str | None:
@@ -398,10 +416,10 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
             TokenRequestError: no token could be obtained.
         """
         parent = super().execute
-        args, _ = _own_header(extra_args)
+        args = _oauth2_args(extra_args)
         return oauth2_call(
             partial(parent, request, extra_args=args, upload_files=upload_files),
-            self._rules.secrets,
+            self._rules,
         )
 
     @forgets_on_error
@@ -413,8 +431,8 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
-        args, _ = _own_header(extra_args)
-        return oauth2_call(lambda: parent(reqs, extra_args=args), self._rules.secrets)
+        args = _oauth2_args(extra_args)
+        return oauth2_call(lambda: parent(reqs, extra_args=args), self._rules)
 
 
 class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
@@ -439,10 +457,10 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
             TokenRequestError: no token could be obtained.
         """
         parent = super().execute
-        args, _ = _own_header(extra_args)
+        args = _oauth2_args(extra_args)
         return await oauth2_call_async(
             partial(parent, request, extra_args=args, upload_files=upload_files),
-            self._rules.secrets,
+            self._rules,
         )
 
     @forgets_on_error
@@ -454,5 +472,5 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         """Execute a batch with a valid token; see gql's ``execute_batch``. A refused
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
-        args, _ = _own_header(extra_args)
-        return await oauth2_call_async(lambda: parent(reqs, extra_args=args), self._rules.secrets)
+        args = _oauth2_args(extra_args)
+        return await oauth2_call_async(lambda: parent(reqs, extra_args=args), self._rules)

@@ -320,9 +320,7 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         """
         parent = super().execute
         args, _ = callers_own(extra_args)
-        return oauth2_call(
-            partial(parent, request, timeout, args, upload_files), self._rules.secrets
-        )
+        return oauth2_call(partial(parent, request, timeout, args, upload_files), self._rules)
 
     @forgets_on_error
     def execute_batch(
@@ -337,4 +335,4 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         """
         parent = super().execute_batch
         args, _ = callers_own(extra_args)
-        return oauth2_call(lambda: parent(reqs, timeout, args), self._rules.secrets)
+        return oauth2_call(lambda: parent(reqs, timeout, args), self._rules)

@@ -21,6 +21,7 @@ from support import (
     COUNT,
     HANG_GUARD,
     NO_WAIT,
+    UNAUTHENTICATED_ERROR,
     bare_401s,
     closed_port,
     finish,
@@ -757,3 +758,91 @@ async def test_a_stream_through_a_transports_client_is_handed_back_before_its_en
                 assert await anext(lines) == "data: one"
                 go_on.set()
                 assert [line async for line in lines if line] == ["data: two"]
+
+
+@contextlib.contextmanager
+def api_with_events() -> Iterator[tuple[str, threading.Event]]:
+    """An API on 127.0.0.1: ``/graphql`` answers every query; ``/refused`` refuses every
+    token; ``/events`` sends one event and holds the next until the event is set. Its base
+    URL and the event."""
+    from aiohttp import web
+
+    go_on = threading.Event()
+
+    async def graphql(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response(ANSWER)
+
+    async def refused(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"data": None, "errors": [UNAUTHENTICATED_ERROR]})
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: one\n\n")
+        await asyncio.get_running_loop().run_in_executor(None, go_on.wait, HANG_GUARD)
+        await response.write(b"data: two\n\n")
+        await response.write_eof()
+        return response
+
+    def routes(app: web.Application) -> None:
+        app.router.add_post("/graphql", graphql)
+        app.router.add_post("/refused", refused)
+        app.router.add_get("/events", events)
+
+    with serving(routes) as base:
+        try:
+            yield base, go_on
+        finally:
+            go_on.set()
+
+
+def test_a_stream_opened_with_a_transports_client_during_its_call_is_handed_back_at_once(
+    emulator: Emulator,
+) -> None:
+    """A response hook streams through the transport's own client while the transport's
+    gql call runs: only the call's own answer is read whole; the stream comes back at its
+    first event."""
+    with api_with_events() as (base, go_on):
+        streamed: list[str] = []
+
+        def hook(response: Any) -> None:
+            if streamed or not response.request.url.path.endswith("/graphql"):
+                return
+            # Read whole first, the stream would wait for go_on: the read timeout ends that.
+            with transport.client.stream("GET", base + "/events", timeout=HANG_GUARD / 2) as r:
+                lines = (line for line in r.iter_lines() if line)
+                streamed.append(next(lines))
+                go_on.set()
+                streamed.extend(lines)
+
+        transport = service_httpx.OAuth2HTTPXTransport.from_env(
+            emulator.environ(),
+            url=base + "/graphql",
+            retry=NO_WAIT,
+            event_hooks={"response": [hook]},
+        )
+        with Client(transport=transport) as session:
+            assert session.execute(COUNT) == ANSWER["data"]
+    assert streamed == ["data: one", "data: two"]
+
+
+def test_another_transports_refusal_during_a_call_is_not_the_calls(emulator: Emulator) -> None:
+    """A response hook of transport A's call posts through transport B's client, which the
+    API refuses to the end: B's refusal is B's caller's, and A's call gets its answer."""
+    with api_with_events() as (base, _):
+        refusals: list[int] = []
+
+        def hook(response: Any) -> None:
+            if not refusals and response.request.url.path.endswith("/graphql"):
+                refusals.append(other.client.post(base + "/refused", json=QUERY).status_code)
+
+        environ = emulator.environ()
+        other = service_httpx.OAuth2HTTPXTransport.from_env(environ, url=base + "/graphql")
+        transport = service_httpx.OAuth2HTTPXTransport.from_env(
+            environ, url=base + "/graphql", retry=NO_WAIT, event_hooks={"response": [hook]}
+        )
+        with Client(transport=other), Client(transport=transport) as session:
+            assert session.execute(COUNT) == ANSWER["data"]
+    assert refusals == [200]

@@ -54,8 +54,6 @@ from .http_auth import (
     check_proxy,
     facts_of,
     reads_body,
-    tell_refused,
-    tell_sent,
 )
 from .options import TokenOptions
 
@@ -221,7 +219,6 @@ class OAuth2Middleware(OAuth2AuthBase):
             min_ttl = 0.0 if replayable else rules.refresh_margin
             tokens = rules.tokens
             token = tokens.fresh(min_ttl) or first_of(await tokens.get(min_ttl=min_ttl), tokens)
-            tell_sent(token)
             headers[hdrs.AUTHORIZATION] = token.authorization
             try:
                 response = await handler(request)
@@ -264,7 +261,6 @@ async def _renewed(
         # The refused answer goes no further: its connection goes back, or is closed if
         # its body (a stream's) was not read, before the request goes again.
         last[0].release()
-        tell_sent(renewed)
         again = last[0] = await _send(request, handler, renewed.authorization)
         return Sent(await _answer(again) or NOT_REFUSED, again)
 
@@ -283,7 +279,6 @@ async def _renewed(
         flow, get_token=get_token, send=send, sleep=tokens.waits(asyncio.sleep)
     )
     if isinstance(outcome, Refused):
-        tell_refused(outcome)
         return outcome.last.raw
     # Paused only comes of a flow that starts with no send.
     assert isinstance(outcome, Accepted)

@@ -369,49 +369,51 @@ class OAuth2Rules:
         return [self.credentials.client_secret, *sent]
 
 
-class Exchange(list[str]):
-    """What an auth flow tells the gql transport that made its request: the tokens sent,
-    which the answers may quote (the list's items), and ``refused``, how the request
-    ended when the service refused it to the end (the transport raises the package's
-    error for it), ``None`` otherwise.
+class Exchange:
+    """What the auth flows tell the gql transport whose call made their request.
 
-    A list, with a slot and no ``__init__`` of its own (its maker sets ``refused``): every
-    request makes one, and a Python ``__init__`` cost a measurable part of figure 1's
-    budget; without a ``__dict__``, ``vars()`` of a live call's record shows no token.
+    Attributes:
+        owner: The transport's rules: only its own auth's flows write here, not those of
+            another client used while the call runs (an event hook's, a nested one's).
+        refused: How the request ended when the service refused it to the end; the
+            transport raises the package's error for it. ``None`` otherwise.
+        secrets: The tokens sent, which the answers may quote.
     """
 
-    __slots__ = ("refused",)
+    # Slots, and a list attribute: vars() of a live call's record fails, and a crash
+    # reporter capturing a live frame's locals shows the repr below, not the tokens.
+    __slots__ = ("owner", "refused", "secrets")
 
-    refused: Refused[Any] | None
+    def __init__(self, owner: object) -> None:
+        self.owner = owner
+        self.refused: Refused[Any] | None = None
+        self.secrets: list[str] = []
 
     def __repr__(self) -> str:
-        # Without the tokens: a traceback's frames show their locals, this record among them.
+        # Without the secrets: a traceback's frames show their locals, this record among them.
         return f"<Exchange refused={self.refused is not None}>"
 
 
 _EXCHANGE: ContextVar[Exchange | None] = ContextVar("gql_service_auth_exchange", default=None)
-"""The :class:`Exchange` that the auth flows of the current call write to. A
-``ContextVar``: the auth flow runs on the caller's thread (requests, sync httpx) or in its
-task (async httpx), while another caller's flow writes its own. Set and reset in line by
-:func:`oauth2_call`: a context manager's two calls per request cost more."""
+"""The :class:`Exchange` of the current call. A ``ContextVar``: the auth flow runs on the
+caller's thread (requests, sync httpx) or in its task (async httpx), while another
+caller's flow writes its own. Set and reset in line by :func:`oauth2_call`: a context
+manager's two calls per request cost more."""
 
 
-def tell_sent(token: AccessToken) -> bool:
-    """Note a token the current call sent, which its answers may quote, for its gql
-    transport to scrub them of. Whether a gql transport's call is listening: a request
-    that transport's own auth signs is then the call's own, whose answer gql reads whole
-    next, whatever its content type."""
+def tell_sent(token: AccessToken, rules: object) -> None:
+    """Note a token the current call's own auth (of ``rules``) sent, which its answers
+    may quote, for its gql transport to scrub them of."""
     record = _EXCHANGE.get()
-    if record is None:
-        return False
-    record.append(token.value)
-    return True
+    if record is not None and record.owner is rules:
+        record.secrets.append(token.value)
 
 
-def tell_refused(outcome: Refused[Any]) -> None:
-    """Hand a refused outcome to the gql transport of the current call, if any."""
+def tell_refused(outcome: Refused[Any], rules: object) -> None:
+    """Hand a refused outcome of the current call's own auth (of ``rules``) to its gql
+    transport."""
     record = _EXCHANGE.get()
-    if record is not None:
+    if record is not None and record.owner is rules:
         record.refused = outcome
 
 
@@ -427,41 +429,36 @@ def _has_errors(answer: object) -> bool:
     return bool(getattr(answer, "errors", None))
 
 
-def oauth2_call(call: Callable[[], _T], secrets: Callable[[Sequence[str]], list[str]]) -> _T:
-    """``call()`` (gql's ``execute`` or ``execute_batch``) of an OAuth2 transport:
-    its answer, or the package's error. ``secrets`` gives what answers may quote, from
-    the tokens the call sent."""
-    record = Exchange()
-    record.refused = None
+def oauth2_call(call: Callable[[], _T], rules: OAuth2Rules) -> _T:
+    """``call()`` (gql's ``execute`` or ``execute_batch``) of an OAuth2 transport of
+    ``rules``: its answer, or the package's error."""
+    record = Exchange(rules)
     reset = _EXCHANGE.set(record)
     try:
         answer = call()
     except TransportError as exc:
-        failure = oauth2_failure(exc, record.refused, secrets(record))
+        failure = oauth2_failure(exc, record.refused, rules.secrets(record.secrets))
     else:
         if record.refused is None and not _has_errors(answer):
             return answer
-        return oauth2_answer(answer, record.refused, secrets(record))
+        return oauth2_answer(answer, record.refused, rules.secrets(record.secrets))
     finally:
         _EXCHANGE.reset(reset)
     raise failure  # outside the except block: gql's wrapper stays out of our error's chain
 
 
-async def oauth2_call_async(
-    call: Callable[[], Awaitable[_T]], secrets: Callable[[Sequence[str]], list[str]]
-) -> _T:
+async def oauth2_call_async(call: Callable[[], Awaitable[_T]], rules: OAuth2Rules) -> _T:
     """:func:`oauth2_call` for an async transport."""
-    record = Exchange()
-    record.refused = None
+    record = Exchange(rules)
     reset = _EXCHANGE.set(record)
     try:
         answer = await call()
     except TransportError as exc:
-        failure = oauth2_failure(exc, record.refused, secrets(record))
+        failure = oauth2_failure(exc, record.refused, rules.secrets(record.secrets))
     else:
         if record.refused is None and not _has_errors(answer):
             return answer
-        return oauth2_answer(answer, record.refused, secrets(record))
+        return oauth2_answer(answer, record.refused, rules.secrets(record.secrets))
     finally:
         _EXCHANGE.reset(reset)
     raise failure

@@ -136,12 +136,12 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         min_ttl = 0.0 if replayable else rules.refresh_margin
         token = rules.tokens.fresh(min_ttl) or first_token_blocking(rules.tokens, min_ttl)
         request.headers["Authorization"] = token.authorization
-        # A transport's own call (gql's post) is read whatever its content type, as gql
-        # reads it next and the aiohttp transports read theirs; any other answer by its
-        # content type (_body): a stream, even one opened with the transport's client, is
-        # the caller's to read.
-        in_call = tell_sent(token)
-        whole = self._own_client and in_call
+        tell_sent(token, rules)
+        # A transport's gql call (marked, see GQL_CALL) is read whatever its content type,
+        # as gql reads it next and the aiohttp transports read theirs; any other answer by
+        # its content type (_body): a stream, even one opened with the transport's client
+        # while a call runs, is the caller's to read.
+        whole = GQL_CALL in request.extensions
         response = yield request
         # Without a redirect, httpx answers the very request signed (see _ours).
         if response.request is not request and not _ours(response, request, token):
@@ -158,10 +158,10 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
             try:
                 command = flow.send(reply)
             except StopIteration as done:
-                _told(done.value)
+                _told(done.value, rules)
                 return
             if isinstance(command, Send):
-                _sign(request, command.token)
+                _sign(request, command.token, rules)
                 response = yield request
                 reads = _reads(response, request, command.token, whole)
                 body = response.read() if reads else None
@@ -184,8 +184,8 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         min_ttl = 0.0 if replayable else rules.refresh_margin
         token = rules.tokens.fresh(min_ttl) or await _first_token(rules, min_ttl)
         request.headers["Authorization"] = token.authorization
-        in_call = tell_sent(token)  # as in sync_auth_flow
-        whole = self._own_client and in_call
+        tell_sent(token, rules)
+        whole = GQL_CALL in request.extensions  # as in sync_auth_flow
         response = yield request
         if response.request is not request and not _ours(response, request, token):
             return
@@ -201,10 +201,10 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
             try:
                 command = flow.send(reply)
             except StopIteration as done:
-                _told(done.value)
+                _told(done.value, rules)
                 return
             if isinstance(command, Send):
-                _sign(request, command.token)
+                _sign(request, command.token, rules)
                 response = yield request
                 reads = _reads(response, request, command.token, whole)
                 body = await response.aread() if reads else None
@@ -230,6 +230,12 @@ class OAuth2Auth(OAuth2AuthBase, _Auth):
         return rules
 
 
+GQL_CALL = "gql_service_auth.gql_call"
+"""The mark, in a request's ``extensions``, of a transport's own gql call (its transport
+sets it through ``extra_args``): gql reads its answer whole next, whatever its content
+type, so the auth reads it for a refusal too. httpx hands ``extensions`` to its transport,
+whose httpcore reads only the keys it knows."""
+
 _SIGNED = "gql_service_auth.signed"
 """The mark of a request a plain client's OAuth2 auth signed, in its ``extensions`` (which
 httpx hands its transport, whose httpcore reads only the keys it knows): a request sent
@@ -253,9 +259,9 @@ def _has_authorization(request: Request) -> bool:
     return any(name.lower() == b"authorization" for name, _ in request.headers.raw)
 
 
-def _sign(request: Request, token: AccessToken) -> None:
+def _sign(request: Request, token: AccessToken, rules: OAuth2Rules) -> None:
     request.headers["Authorization"] = token.authorization
-    tell_sent(token)
+    tell_sent(token, rules)
 
 
 def _ours(response: Response, request: Request, token: AccessToken) -> bool:
@@ -335,10 +341,10 @@ def _flow(
     )
 
 
-def _told(outcome: object) -> None:
+def _told(outcome: object, rules: OAuth2Rules) -> None:
     """Hand a refused outcome to gql's transport; the response goes back as it came."""
     if isinstance(outcome, Refused):
-        tell_refused(outcome)
+        tell_refused(outcome, rules)
 
 
 async def _get(rules: OAuth2Rules, min_ttl: float, after: int) -> AccessToken | NotNow:

@@ -97,12 +97,8 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         min_ttl = 0.0 if replayable else rules.refresh_margin
         token = rules.tokens.fresh(min_ttl) or first_token_blocking(rules.tokens, min_ttl)
         r.headers["Authorization"] = token.authorization
-        # A transport's own call's answer is read whatever its content type (unless the
-        # call streams), as gql reads it next: see the httpx auth flow.
-        in_call = tell_sent(token)
-        whole = self._own_client and in_call
-        hook = partial(self._answered, rules, token, replayable, min_ttl, whole)
-        r.register_hook("response", hook)
+        tell_sent(token, rules)
+        r.register_hook("response", partial(self._answered, rules, token, replayable, min_ttl))
         return r
 
     def _answered(
@@ -111,12 +107,10 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         token: AccessToken,
         replayable: bool,
         min_ttl: float,
-        whole: bool,
         r: Response,
         **kwargs: Any,
     ) -> Response | None:
-        """The response hook: the answer, or the answer of a re-send with a renewed token.
-        ``whole``: a transport's own call, read whatever its content type."""
+        """The response hook: the answer, or the answer of a re-send with a renewed token."""
         if r.request.headers.get("Authorization") != token.authorization:
             # A redirect to another host, which requests sent without our credentials:
             # its answer says nothing of our token, and nothing goes there again.
@@ -124,6 +118,10 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         stream = bool(kwargs.get("stream"))
         if not _reads(r, stream):
             return None
+        # A transport's session reads an answer that is no stream whole next, whatever its
+        # content type (gql does): it is read for a refusal too, as the aiohttp transports
+        # read theirs. A plain session's goes by its content type.
+        whole = self._own_client and not stream
         answer = _answer(r, whole and not stream)
         if answer is None:
             rules.tokens.confirm(token)
@@ -147,7 +145,7 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
             # requests follows a redirect of the re-send from the request it was given:
             # it must carry the renewed token too, not the refused one.
             r.request.headers["Authorization"] = renewed.authorization
-            tell_sent(renewed)
+            tell_sent(renewed, rules)
             response = previous.connection.send(prepared, **kwargs)
             response.history.append(previous)
             response.request = prepared
@@ -165,7 +163,7 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         if isinstance(outcome, Accepted):
             return outcome.raw
         assert isinstance(outcome, Refused)  # a pause comes only before a first send
-        tell_refused(outcome)
+        tell_refused(outcome, rules)
         return outcome.last.raw
 
 
