@@ -9,13 +9,11 @@ what ties them to gql's ``AIOHTTPTransport``, and the fast path of a request.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from functools import partial
+from collections.abc import AsyncGenerator, Callable, Mapping
 
 # aiohttp's LooseCookies names these in strings: typing.get_type_hints() of the options
 # and constructors (pydantic, cattrs, IDEs) looks them up in this module.
@@ -32,10 +30,8 @@ from yarl import URL
 
 from ._core.credentials import ClientCredentials
 from ._core.errors import UnauthenticatedError
-from ._core.flow import NeedToken, Sent, drive_async, renewal_flow
-from ._core.ledger import NotNow
 from ._core.redact import clear_locals, forgets_on_error
-from ._core.refusal import RequestFacts, is_refusal
+from ._core.refusal import is_refusal
 from ._core.settings import api_key_env, oauth2_env
 from ._core.token import AccessToken
 from ._stacks.aiohttp import (
@@ -43,20 +39,17 @@ from ._stacks.aiohttp import (
     transport_error,
     with_authorization,
 )
+from ._stacks.aiohttp_renewal import RenewingTransport, bearer_header
 from ._stacks.gql import (
     Bare401,
-    Snapshot,
     api_key_error,
     bare_401,
     callers_own,
     first_token,
     guarded,
-    is_query,
     rebuild,
     scrubbed,
     sent,
-    sent_batch,
-    settled,
     snapshot,
     subscription_refused,
 )
@@ -283,7 +276,7 @@ class ApiKeyTransport(AuthenticatingTransport):
                 yield result
 
 
-class OAuth2Transport(AuthenticatingTransport):
+class OAuth2Transport(RenewingTransport):
     """A gql ``AIOHTTPTransport`` that authenticates with OAuth 2.0 client-credentials tokens.
 
     The first request fetches a token; concurrent requests share one fetch; a token is
@@ -413,9 +406,6 @@ class OAuth2Transport(AuthenticatingTransport):
         # A copy hears the events of the token it uses, which may be the original's.
         self._tokens.subscribe(self._emit)
 
-    def _secrets(self, token: AccessToken) -> list[str]:
-        return [self._credentials.client_secret, token.value]
-
     async def execute(
         self,
         request: GraphQLRequest,
@@ -452,7 +442,7 @@ class OAuth2Transport(AuthenticatingTransport):
             # The fast path: almost every request succeeds on its first send with a cached
             # token. No await comes before gql serialises the request, so the caller's
             # object is what was taken.
-            posting = self._post(request, extra_args, upload_files, token, _bearer_header)
+            posting = self._post(request, extra_args, upload_files, token, bearer_header)
             redirected = False
             try:
                 async with posting as response:
@@ -481,32 +471,6 @@ class OAuth2Transport(AuthenticatingTransport):
             response = answer = extra_args = None  # type: ignore[assignment]
             raise
 
-    async def _renewing(
-        self,
-        taken: Snapshot,
-        extra_args: dict[str, Any] | None,
-        upload_files: bool,
-        min_ttl: float,
-        first: tuple[AccessToken, Sent[ExecutionResult | Bare401]] | None,
-    ) -> ExecutionResult:
-        """``execute`` past its fast path: no usable token, or the first send refused."""
-        payload = rebuild(taken)
-
-        async def send(token: AccessToken) -> Sent[ExecutionResult | Bare401]:
-            answer, redirected = await self._send_once(
-                payload,
-                extra_args,
-                upload_files,
-                token,
-                _bearer_header,
-                self._prepare_result,
-                self._secrets(token),
-            )
-            return sent(answer, redirected=redirected)
-
-        facts = RequestFacts(query=is_query(taken), replayable=not upload_files)
-        return await self._renewed(facts, send, min_ttl, first)
-
     @forgets_on_error
     async def execute_batch(
         self,
@@ -521,40 +485,7 @@ class OAuth2Transport(AuthenticatingTransport):
         extra_args, given = callers_own(extra_args)
         if given:
             return await self._batch_given(reqs, extra_args)
-        payload = [rebuild(snapshot(req)) for req in reqs]
-
-        read = partial(self._prepare_batch_result, payload)
-
-        async def send(token: AccessToken) -> Sent[list[ExecutionResult] | Bare401]:
-            answer, redirected = await self._send_once(
-                payload, extra_args, False, token, _bearer_header, read, self._secrets(token)
-            )
-            return sent_batch(answer, redirected=redirected)
-
-        return await self._renewed(RequestFacts(batch=True), send, 0.0, None)
-
-    async def _renewed(
-        self,
-        facts: RequestFacts,
-        send: Callable[[AccessToken], Awaitable[Sent[_T | Bare401]]],
-        min_ttl: float,
-        first: tuple[AccessToken, Sent[_T | Bare401]] | None,
-    ) -> _T:
-        """The answer of the renew-and-resend flow (see :mod:`gql_service_auth._core.flow`)."""
-        flow = renewal_flow(
-            facts,
-            self._tokens,
-            max_renewals=self._max_renewals,
-            min_ttl=min_ttl,
-            emit=self._emit,
-            first=first,
-        )
-        sleep = self._tokens.waits(asyncio.sleep)
-        outcome = await drive_async(flow, get_token=self._get, send=send, sleep=sleep)
-        return settled(outcome, self._tokens.refusal_answer, self._secrets)
-
-    def _get(self, need: NeedToken) -> Awaitable[AccessToken | NotNow]:
-        return self._tokens.get(min_ttl=need.min_ttl, after=need.newer_than)
+        return await self._batch_renewed(reqs, extra_args)
 
     async def subscribe(
         self,
@@ -593,10 +524,6 @@ class OAuth2Transport(AuthenticatingTransport):
 
 
 _API_KEY_HEADER = ClientCredentials.api_key_authorization
-
-
-def _bearer_header(token: AccessToken) -> str:
-    return token.authorization
 
 
 def _nothing() -> None:
