@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 # and constructors (pydantic, cattrs, IDEs) looks them up in this module.
 from http.cookies import BaseCookie, Morsel  # noqa: F401
 from ssl import SSLContext
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypedDict
 
 from aiohttp.client_reqrep import Fingerprint
 from aiohttp.typedefs import LooseCookies, LooseHeaders
@@ -68,8 +68,6 @@ __all__ = [
     "OAuth2Options",
     "OAuth2Transport",
 ]
-
-_T = TypeVar("_T")
 
 
 class AIOHTTPTransportOptions(TypedDict, total=False):

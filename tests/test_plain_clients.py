@@ -644,13 +644,7 @@ def held_stream(status: int, content_type: str) -> Iterator[tuple[str, threading
         answered.append(1)
         if len(answered) > 1:
             return web.json_response(ANSWER)
-        response = web.StreamResponse(status=status, headers={"Content-Type": content_type})
-        await response.prepare(request)
-        await response.write(b"data: one\n\n")
-        await asyncio.get_running_loop().run_in_executor(None, go_on.wait, HANG_GUARD)
-        await response.write(b"data: two\n\n")
-        await response.write_eof()
-        return response
+        return await _held_events(request, go_on, status, content_type)
 
     with serving(lambda app: app.router.add_route("*", "/graphql", answer)) as url:
         try:
@@ -760,6 +754,22 @@ async def test_a_stream_through_a_transports_client_is_handed_back_before_its_en
                 assert [line async for line in lines if line] == ["data: two"]
 
 
+async def _held_events(
+    request: Any, go_on: threading.Event, status: int, content_type: str
+) -> Any:
+    """An answer of ``status`` and ``content_type`` that sends one event, and the next once
+    ``go_on`` is set (within HANG_GUARD)."""
+    from aiohttp import web
+
+    response = web.StreamResponse(status=status, headers={"Content-Type": content_type})
+    await response.prepare(request)
+    await response.write(b"data: one\n\n")
+    await asyncio.get_running_loop().run_in_executor(None, go_on.wait, HANG_GUARD)
+    await response.write(b"data: two\n\n")
+    await response.write_eof()
+    return response
+
+
 @contextlib.contextmanager
 def api_with_events() -> Iterator[tuple[str, threading.Event]]:
     """An API on 127.0.0.1: ``/graphql`` answers every query; ``/refused`` refuses every
@@ -778,13 +788,7 @@ def api_with_events() -> Iterator[tuple[str, threading.Event]]:
         return web.json_response({"data": None, "errors": [UNAUTHENTICATED_ERROR]})
 
     async def events(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b"data: one\n\n")
-        await asyncio.get_running_loop().run_in_executor(None, go_on.wait, HANG_GUARD)
-        await response.write(b"data: two\n\n")
-        await response.write_eof()
-        return response
+        return await _held_events(request, go_on, 200, "text/event-stream")
 
     def routes(app: web.Application) -> None:
         app.router.add_post("/graphql", graphql)

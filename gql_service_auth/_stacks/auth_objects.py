@@ -133,6 +133,11 @@ class _PerApi:
         again; kept here again if they were dropped meanwhile, so that an origin in use
         keeps one token however many others pass. ``None``: new rules if there are none.
         """
+        if rules is not None and self.latest is rules:
+            # The API of the last request (almost always the only one): already the last
+            # to be dropped, and no lock to take. Racing another API's request, it may be
+            # second to last: a bound of 16 APIs that is kept near enough.
+            return rules
         with self._lock:
             current = self._by_api.get(api)
             if current is None:
