@@ -63,6 +63,9 @@ Client(transport=transport).execute(gql("query {{ carriers(first: 1) {{ totalCou
 """
 
 
+_IMPORTS_PER_RUN = 3
+
+
 def _run(code: str, env: dict[str, str]) -> str:
     return subprocess.run(
         [sys.executable, "-c", code],
@@ -111,10 +114,14 @@ def _figure(runs: int, url: str, token_url: str, env: dict[str, str]) -> dict[st
         for module in (gql_module, our_module):  # a first run writes the bytecode
             _run(_IMPORT.format(module=module), env)
         for _ in range(runs):
-            for who, module in (("gql", gql_module), ("ours", our_module)):
-                beyond, entire = _run(_IMPORT.format(module=module), env).split()
-                imports[who].append(float(beyond))
-                whole[who].append(float(entire))
+            # Three import pairs per run: `import gql` alone moves a few ms from one process
+            # to the next, as much as the difference measured, and an import costs a tenth
+            # of a one-query process.
+            for _ in range(_IMPORTS_PER_RUN):
+                for who, module in (("gql", gql_module), ("ours", our_module)):
+                    beyond, entire = _run(_IMPORT.format(module=module), env).split()
+                    imports[who].append(float(beyond))
+                    whole[who].append(float(entire))
             cold["gql"].append(
                 _wall(_QUERY.format(module=gql_module, name=gql_class, arguments=theirs), env)
             )

@@ -183,6 +183,35 @@ print(sorted(name for name in sys.modules if name.split(".")[0] == "aiohttp"))
     assert done.stdout.strip() == "[]"
 
 
+def test_the_token_machinery_loads_with_the_first_oauth2_transport_not_at_import() -> None:
+    """Importing the requests and httpx modules, and using an API key, loads no token
+    manager, its plans, nor the shared store level: the first OAuth2 transport does (a
+    third of what our modules cost at import, figure 15 of make bench)."""
+    program = """
+import sys
+import gql_service_auth.requests as r, gql_service_auth.httpx as h
+from gql_service_auth import TokenOptions
+import typing
+typing.get_type_hints(TokenOptions)
+machinery = ("gql_service_auth._core.tokens", "gql_service_auth._stores.level")
+h.ApiKeyHTTPXTransport("https://api.example.com/graphql", client_id="id", client_secret="s")
+r.ApiKeyRequestsTransport("https://api.example.com/graphql", client_id="id", client_secret="s")
+print([name for name in machinery if name in sys.modules])
+h.OAuth2HTTPXTransport("https://api.example.com/graphql",
+                       token_url="https://auth.example.com/oauth2/token",
+                       client_id="id", client_secret="secret")
+print([name for name in machinery if name in sys.modules])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == [
+        "[]",
+        "['gql_service_auth._core.tokens', 'gql_service_auth._stores.level']",
+    ]
+
+
 def test_the_page_lists_every_module_of_the_core_and_the_stores() -> None:
     """A module added to ``_core/`` or ``_stores/`` is on the page, so the check above
     imports it too."""

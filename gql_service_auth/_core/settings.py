@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
-from .._stores.level import ENDPOINT, SharedLevel, TokenSource
 from .._stores.protocol import TokenIdentity, TokenStore
 from .config import check_seconds, endpoint_or_env, given_or_env
 from .constants import (
@@ -42,10 +41,12 @@ from .oauth2 import (
 )
 from .sharing import SHARED, Same, SharingKey, api_endpoint
 from .token import Clock
-from .tokens import TokenManager
 
 if TYPE_CHECKING:
     from yarl import URL
+
+    from .._stores.level import TokenSource
+    from .tokens import TokenManager
 
 _STORE_METHODS = ("load", "save", "discard", "lock", "unlock", "failure")
 
@@ -169,6 +170,10 @@ def token_manager(
     )
     check_token_store(token_store)
     clock = clock or time.monotonic
+    # The token machinery, here rather than at import: a process that imports a transport
+    # module, or uses an API key, never needs it (figure 15 of make bench).
+    from .._stores.level import ENDPOINT, SharedLevel
+    from .tokens import TokenManager
 
     def build() -> TokenManager:
         subscribers = Subscribers()

@@ -50,7 +50,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import astuple, dataclass, field
 from types import MethodType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
@@ -59,7 +59,9 @@ from . import fork as _fork
 from .constants import SHARED_PAUSES_KEPT, SHARED_TOKENS_KEPT
 from .ledger import Pause
 from .oauth2 import RetryPolicy
-from .tokens import TokenManager
+
+if TYPE_CHECKING:  # built by settings.token_manager, with the first OAuth2 transport
+    from .tokens import TokenManager
 
 _DIGEST_KEY = secrets.token_bytes(32)
 """Keys the digests that name credentials in a :class:`PauseKey`: worthless outside this
@@ -303,6 +305,8 @@ SHARED = SharedTokens()
 def rejoin(key: SharingKey, state: dict[str, Any]) -> TokenManager:
     """A shared manager copied or unpickled: the process's manager of ``key``, or, if it
     has none, one with the copied settings, shared from then on."""
+
+    from .tokens import TokenManager  # loaded here when a copy comes first
 
     def restored() -> TokenManager:
         manager = TokenManager.__new__(TokenManager)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from gql.graphql_request import GraphQLRequest
 from gql.transport.exceptions import (
@@ -44,7 +44,9 @@ from .._core.refusal import (
     refusal_message,
 )
 from .._core.token import AccessToken
-from .._core.tokens import TokenManager
+
+if TYPE_CHECKING:  # the token machinery loads with the first OAuth2 transport
+    from .._core.tokens import TokenManager
 
 _T = TypeVar("_T")
 

@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from gql.transport.exceptions import TransportError
@@ -36,7 +36,9 @@ from .._core.flow import Refused
 from .._core.log_secrets import remember
 from .._core.refusal import BARE_401, Answer, RequestFacts
 from .._core.token import AccessToken
-from .._core.tokens import TokenManager
+
+if TYPE_CHECKING:  # the token machinery loads with the first OAuth2 transport
+    from .._core.tokens import TokenManager
 from .gql import (
     api_key_answer,
     api_key_failure,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, TypedDict
 
 from yarl import URL
 
@@ -33,7 +33,9 @@ from .._core.settings import (
     token_manager,
 )
 from .._core.token import Clock
-from .._core.tokens import TokenManager
+
+if TYPE_CHECKING:  # the token machinery loads with the first OAuth2 transport
+    from .._core.tokens import TokenManager
 from .._stores.protocol import TokenStore
 from .aiohttp_token_post import AiohttpFormPoster
 from .aiohttp_token_session import SslSetting, TokenSessionArgs, resolve_token_session
