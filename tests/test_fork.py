@@ -294,6 +294,51 @@ def test_a_fork_while_the_first_fetch_imports_aiohttp_leaves_the_child_whole(
     assert done.stdout.strip() == "child exited 0", done.stdout + done.stderr
 
 
+FORK_DURING_THE_FIRST_TRANSPORT = """
+import importlib.abc, os, signal, sys, threading, time
+importing = threading.Event()
+
+class SlowLevel(importlib.abc.MetaPathFinder):
+    # The token machinery takes a few ms to import; here 0.5 s, so that the fork lands in it.
+    def find_spec(self, name, path, target=None):
+        if name == "gql_service_auth._stores.level":
+            importing.set()
+            time.sleep(0.5)
+        return None
+
+sys.meta_path.insert(0, SlowLevel())
+from gql_service_auth.httpx import OAuth2HTTPXTransport
+
+def build():
+    OAuth2HTTPXTransport("https://api.example.com/graphql",
+                         token_url="https://auth.example.com/oauth2/token",
+                         client_id="id", client_secret="secret")
+
+first = threading.Thread(target=build, daemon=True)
+first.start()  # the first OAuth2 transport imports the token machinery on this thread
+assert importing.wait(30)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a child stuck on a half-imported module would be killed here
+    build()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+first.join(30)
+print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_fork_while_the_first_transport_imports_the_token_machinery_leaves_the_child_whole() -> (
+    None
+):
+    """The first OAuth2 transport or auth object imports the token manager: a process
+    forked while another thread does (a pre-forking server) waits for the import to end,
+    and its child builds transports too."""
+    done = run_python(FORK_DURING_THE_FIRST_TRANSPORT)
+    assert done.stdout.strip() == "child exited 0", done.stdout + done.stderr
+
+
 FORK_DURING_A_FIRST_USE = """
 import os, signal, sys, threading
 import gql_service_auth

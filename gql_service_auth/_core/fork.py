@@ -10,8 +10,12 @@ redis-py's connection pools do.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+_T = TypeVar("_T")
 
 
 class ForkAware(Protocol):
@@ -48,6 +52,27 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch - absent only on Windows
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+_IMPORTERS: set[Callable[[], Any]] = set()
+_IMPORTERS_LOCK = threading.Lock()
+
+
+def imported(importer: Callable[[], _T]) -> _T:
+    """``importer()``, which imports modules the package loads on first use (aiohttp for
+    the first token fetch, the token machinery for the first OAuth2 transport).
+
+    A process that forks while another thread runs such an import would leave the child a
+    half-initialised module whose lock no thread there releases: the child's own first use
+    would wait forever. So from the first call on, a fork first runs ``importer`` too
+    (``os.register_at_fork``): importing a module another thread is importing waits for it.
+    """
+    if importer not in _IMPORTERS:
+        with _IMPORTERS_LOCK:
+            if importer not in _IMPORTERS and hasattr(os, "register_at_fork"):
+                os.register_at_fork(before=importer)
+            _IMPORTERS.add(importer)
+    return importer()
 
 
 class DropsClientInChild:

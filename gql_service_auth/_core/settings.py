@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from yarl import URL
 
 from .._stores.protocol import TokenIdentity, TokenStore
+from . import fork as _fork
 from .config import check_seconds, endpoint_or_env, given_or_env
 from .constants import (
     ENV_AUTH_URL,
@@ -45,7 +46,7 @@ from .token import Clock
 if TYPE_CHECKING:
     from yarl import URL
 
-    from .._stores.level import TokenSource
+    from .._stores.level import SharedLevel, TokenSource
     from .tokens import TokenManager
 
 _STORE_METHODS = ("load", "save", "discard", "lock", "unlock", "failure")
@@ -170,10 +171,9 @@ def token_manager(
     )
     check_token_store(token_store)
     clock = clock or time.monotonic
-    # The token machinery, here rather than at import: a process that imports a transport
-    # module, or uses an API key, never needs it (figure 15 of make bench).
-    from .._stores.level import ENDPOINT, SharedLevel
-    from .tokens import TokenManager
+    # The token machinery, here rather than at import: a process that imports the requests
+    # or httpx transports, or uses an API key, never needs it (figure 15 of make bench).
+    manager_class, endpoint, shared_level = _fork.imported(_token_machinery)
 
     def build() -> TokenManager:
         subscribers = Subscribers()
@@ -187,16 +187,16 @@ def token_manager(
             post=post,
             emit=subscribers,
         )
-        source: TokenSource = ENDPOINT
+        source: TokenSource = endpoint
         if token_store is not None:
-            source = SharedLevel(
+            source = shared_level(
                 token_store,
                 identity,
                 refresh_margin=float(refresh_margin),
                 default_expires_in=float(default_expires_in),
                 emit=subscribers,
             )
-        return TokenManager(
+        return manager_class(
             grant,
             refresh_margin=float(refresh_margin),
             default_expires_in=float(default_expires_in),
@@ -226,6 +226,13 @@ def token_manager(
         manager = build()
     manager.subscribe(emit)
     return manager
+
+
+def _token_machinery() -> tuple[type[TokenManager], TokenSource, type[SharedLevel]]:
+    from .._stores.level import ENDPOINT, SharedLevel
+    from .tokens import TokenManager
+
+    return TokenManager, ENDPOINT, SharedLevel
 
 
 def api_key_env(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-import threading
 from collections.abc import Hashable, Mapping
 from ssl import SSLContext
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from multidict import CIMultiDict
 from yarl import URL
 
+from .._core import fork as _fork
 from .._core.constants import MAX_TOKEN_RESPONSE_BYTES
 from .._core.errors import ConfigurationError, TokenRequestError
 from .._core.oauth2 import FormAnswer, secrets_sent
@@ -134,26 +134,11 @@ class AiohttpFormPoster:
             ) from exc
 
 
-_AT_FORK = threading.Lock()
-_fork_safe = False
-
-
 def _aiohttp() -> Any:
-    """aiohttp, imported on the first token fetch, its error scrubber registered.
-
-    A process that forks while a fetch's thread is importing it would leave the child a
-    half-initialised aiohttp, which no later import in the child completes: every fetch
-    there would fail. So from the first fetch on, a fork first waits for the import to end
-    (``os.register_at_fork``; importing a module another thread is importing waits for
-    it).
-    """
-    global _fork_safe
-    if not _fork_safe:
-        with _AT_FORK:
-            if not _fork_safe and hasattr(os, "register_at_fork"):
-                os.register_at_fork(before=_import_aiohttp)
-            _fork_safe = True
-    return _import_aiohttp()
+    """aiohttp, imported on the first token fetch (on the fetch's thread, safe from a fork
+    in the middle: see :func:`~gql_service_auth._core.fork.imported`), its error scrubber
+    registered."""
+    return _fork.imported(_import_aiohttp)
 
 
 def _import_aiohttp() -> Any:
