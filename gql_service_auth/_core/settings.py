@@ -229,6 +229,7 @@ def token_manager(
 
 
 def _token_machinery() -> tuple[type[TokenManager], TokenSource, type[SharedLevel]]:
+    """What :func:`token_manager` builds with, imported with the first OAuth2 transport."""
     from .._stores.level import ENDPOINT, SharedLevel
     from .tokens import TokenManager
 
