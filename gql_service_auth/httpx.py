@@ -150,8 +150,6 @@ def _own_header(extra_args: dict[str, Any] | None) -> tuple[dict[str, Any] | Non
     ``auth=None`` for a call that carries the caller's own ``Authorization`` (unless it
     names an auth of its own): the transport's auth neither replaces nor re-sends it, and
     need not look for one in every request's headers. And whether it carries one."""
-    if not extra_args:  # almost every call: nothing to look at
-        return extra_args, False
     args, given = callers_own(extra_args)
     if given and args is not None and "auth" not in args:
         args = {**args, "auth": None}
@@ -348,7 +346,7 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         parent = super().execute_batch
         args, given = _own_header(extra_args)
         return api_key_call(
-            lambda: parent(reqs, extra_args=args),
+            partial(parent, reqs, extra_args=args),
             self._secrets,
             "OAuth2HTTPXTransport",
             given=given,
@@ -390,7 +388,7 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         parent = super().execute_batch
         args, given = _own_header(extra_args)
         return await api_key_call_async(
-            lambda: parent(reqs, extra_args=args),
+            partial(parent, reqs, extra_args=args),
             self._secrets,
             "OAuth2HTTPXAsyncTransport",
             given=given,
@@ -432,7 +430,7 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
         args = _oauth2_args(extra_args)
-        return oauth2_call(lambda: parent(reqs, extra_args=args), self._rules)
+        return oauth2_call(partial(parent, reqs, extra_args=args), self._rules)
 
 
 class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
@@ -473,4 +471,4 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
         args = _oauth2_args(extra_args)
-        return await oauth2_call_async(lambda: parent(reqs, extra_args=args), self._rules)
+        return await oauth2_call_async(partial(parent, reqs, extra_args=args), self._rules)

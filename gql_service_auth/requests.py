@@ -209,7 +209,7 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         parent = super().execute_batch
         args, given = callers_own(extra_args)
         return api_key_call(
-            lambda: parent(reqs, timeout, args),
+            partial(parent, reqs, timeout, args),
             self._secrets,
             "OAuth2RequestsTransport",
             given=given,
@@ -335,4 +335,4 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         """
         parent = super().execute_batch
         args, _ = callers_own(extra_args)
-        return oauth2_call(lambda: parent(reqs, timeout, args), self._rules)
+        return oauth2_call(partial(parent, reqs, timeout, args), self._rules)

@@ -386,7 +386,7 @@ class Exchange:
     # reporter capturing a live frame's locals shows the repr below, not the tokens.
     __slots__ = ("owner", "refused", "secrets")
 
-    def __init__(self, owner: object) -> None:
+    def __init__(self, owner: OAuth2Rules) -> None:
         self.owner = owner
         self.refused: Refused[Any] | None = None
         self.secrets: list[str] = []
@@ -403,7 +403,7 @@ caller's flow writes its own. Set and reset in line by :func:`oauth2_call`: a co
 manager's two calls per request cost more."""
 
 
-def tell_sent(token: AccessToken, rules: object) -> None:
+def tell_sent(token: AccessToken, rules: OAuth2Rules) -> None:
     """Note a token the current call's own auth (of ``rules``) sent, which its answers
     may quote, for its gql transport to scrub them of."""
     record = _EXCHANGE.get()
@@ -411,7 +411,7 @@ def tell_sent(token: AccessToken, rules: object) -> None:
         record.secrets.append(token.value)
 
 
-def tell_refused(outcome: Refused[Any], rules: object) -> None:
+def tell_refused(outcome: Refused[Any], rules: OAuth2Rules) -> None:
     """Hand a refused outcome of the current call's own auth (of ``rules``) to its gql
     transport."""
     record = _EXCHANGE.get()

@@ -122,7 +122,7 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
         # content type (gql does): it is read for a refusal too, as the aiohttp transports
         # read theirs. A plain session's goes by its content type.
         whole = self._own_client and not stream
-        answer = _answer(r, whole and not stream)
+        answer = _answer(r, whole)
         if answer is None:
             rules.tokens.confirm(token)
             return None
@@ -151,7 +151,7 @@ class OAuth2Auth(OAuth2AuthBase, AuthBase):
             response.request = prepared
             last[0] = response
             read = _reads(response, stream)
-            answer = (_answer(response, whole and not stream) if read else None) or NOT_REFUSED
+            answer = (_answer(response, whole) if read else None) or NOT_REFUSED
             return Sent(answer, response, detached_401(answer, response.raise_for_status))
 
         def get_token(need: NeedToken) -> AccessToken | NotNow:
