@@ -16,10 +16,12 @@ if TYPE_CHECKING:
     )
     from ._core.events import AuthEvent, EventHook, EventName
     from ._core.oauth2 import ClientAuthMethod, RetryPolicy
+    from ._core.rotation import CredentialsCallback, CredentialsSource
     from ._core.token import AccessToken, Clock
     from ._stacks.aiohttp_token_session import TokenSessionArgs
     from ._stacks.options import TokenOptions
     from ._stores.protocol import StoredToken, TokenIdentity, TokenStore
+    from .credentials import CredentialsFile, CredentialsFiles
     from .transports import (
         AIOHTTPTransportOptions,
         ApiKeyOptions,
@@ -46,6 +48,10 @@ _HOMES: dict[str, str] = {
     "ClientAuthMethod": "_core.oauth2",
     "Clock": "_core.token",
     "ConfigurationError": "_core.errors",
+    "CredentialsCallback": "_core.rotation",
+    "CredentialsFile": "credentials",
+    "CredentialsFiles": "credentials",
+    "CredentialsSource": "_core.rotation",
     "EventHook": "_core.events",
     "EventName": "_core.events",
     "GqlServiceAuthError": "_core.errors",
@@ -112,6 +118,10 @@ __all__ = [
     "ClientAuthMethod",
     "Clock",
     "ConfigurationError",
+    "CredentialsCallback",
+    "CredentialsFile",
+    "CredentialsFiles",
+    "CredentialsSource",
     "EventHook",
     "EventName",
     "GqlServiceAuthError",

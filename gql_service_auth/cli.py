@@ -37,7 +37,10 @@ from ._core.constants import (
     ENV_AUTH_URL,
     ENV_BASE_URL,
     ENV_CLIENT_ID,
+    ENV_CLIENT_ID_FILE,
     ENV_CLIENT_SECRET,
+    ENV_CLIENT_SECRET_FILE,
+    ENV_CREDENTIALS_FILE,
     ENV_TOKEN_STORE_URL,
     GRAPHQL_PATH,
     LOGGER_NAME,
@@ -142,7 +145,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the contract's check query (carriers) and tell which method works. "
         f"Settings default to the {ENV_BASE_URL}, {ENV_AUTH_URL}, {ENV_CLIENT_ID} and "
         f"{ENV_CLIENT_SECRET} environment variables; {ENV_AUTH_URL} is needed only when "
-        "OAuth2 is tried.",
+        f"OAuth2 is tried. Credentials in files are read as the application reads them: "
+        f"{ENV_CREDENTIALS_FILE}, or {ENV_CLIENT_SECRET_FILE} with {ENV_CLIENT_ID_FILE} or "
+        f"{ENV_CLIENT_ID}.",
         epilog=EXIT_CODES,
     )
     check.add_argument(
@@ -378,6 +383,10 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
     return report
 
 
+_CREDENTIAL_FILES = (ENV_CREDENTIALS_FILE, ENV_CLIENT_ID_FILE, ENV_CLIENT_SECRET_FILE)
+"""The variables naming credentials files, which ``check`` reads as the application does."""
+
+
 def _check_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
     """The ``SERVICE_*`` settings of the check: flags win over variables (the transports'
     ``from_env()`` then builds the URLs).
@@ -385,13 +394,19 @@ def _check_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dic
     Raises:
         _UsageError: a setting missing, or a flag out of its range.
     """
-    settings = {
-        ENV_BASE_URL: _setting(args.base_url, environ, ENV_BASE_URL, "--base-url"),
-        ENV_CLIENT_ID: _setting(args.client_id, environ, ENV_CLIENT_ID, "--client-id"),
-        ENV_CLIENT_SECRET: _setting(
+    settings = {ENV_BASE_URL: _setting(args.base_url, environ, ENV_BASE_URL, "--base-url")}
+    files = [name for name in _CREDENTIAL_FILES if environ.get(name, "").strip()]
+    if files and args.client_id is None and args.client_secret is None:
+        # Credentials in files, as the application reads them: from_env() reads the same
+        # variables, and says which are missing or given twice.
+        for name in (*files, ENV_CLIENT_ID, ENV_CLIENT_SECRET):
+            if environ.get(name, "").strip():
+                settings[name] = environ[name].strip()
+    else:
+        settings[ENV_CLIENT_ID] = _setting(args.client_id, environ, ENV_CLIENT_ID, "--client-id")
+        settings[ENV_CLIENT_SECRET] = _setting(
             args.client_secret, environ, ENV_CLIENT_SECRET, "--client-secret"
-        ),
-    }
+        )
     # The auth URL is asked for only where OAuth2 is tried: auto with a working API key
     # needs none.
     auth_url = args.auth_url if args.auth_url is not None else environ.get(ENV_AUTH_URL, "")

@@ -18,6 +18,8 @@ answer) into the package's errors, with gql's bases, as the aiohttp transports d
 
 from __future__ import annotations
 
+from ._core.rotation import CredentialsGiven
+
 try:
     from gql.transport.httpx import HTTPXAsyncTransport, HTTPXTransport
     from gql.transport.httpx import httpx as _gql_httpx  # type: ignore[attr-defined]
@@ -198,14 +200,15 @@ class _ApiKeySettings(ApiKeyTransportParts, DropsClientInChild):
         json_serialize: Callable[..., str] = json.dumps,
         json_deserialize: Callable[..., Any] = json.loads,
         *,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        credentials: CredentialsGiven | None = None,
         allow_insecure_http: bool = False,
         **keywords: Unpack[HTTPXClientOptions],
     ) -> None:
         kwargs: dict[str, Any] = dict(keywords)
         signer = _ApiKeyAuth._for_transport(
-            client_id, client_secret, str(url), allow_insecure_http
+            client_id, client_secret, str(url), allow_insecure_http, credentials
         )
         _client_args(url, kwargs, allow_insecure_http)
         kwargs["auth"] = signer
@@ -228,8 +231,8 @@ class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
         json_deserialize: Callable[..., Any] = json.loads,
         *,
         token_url: str | URL,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
         **keywords: Unpack[OAuth2HTTPXOptions],
     ) -> None:
         kwargs: dict[str, Any] = dict(keywords)
@@ -272,6 +275,11 @@ _API_KEY_DOC = """A gql ``{base}`` that authenticates with the service's API key
         url: The GraphQL endpoint, ``{{base_url}}/graphql``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
+        credentials: In place of ``client_id`` and ``client_secret``: credentials that
+            can change without a restart (a :class:`~gql_service_auth.CredentialsFile`,
+            :class:`~gql_service_auth.CredentialsFiles`,
+            :class:`~gql_service_auth.CredentialsCallback`, or a callable returning
+            ``(client_id, client_secret)``); see docs/rotating-credentials.md.
         allow_insecure_http: Allow a plain ``http://`` URL to a host that is not loopback.
 
     Raises:
@@ -331,7 +339,7 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         args, given = _own_header(extra_args)
         return api_key_call(
             partial(parent, request, extra_args=args, upload_files=upload_files),
-            self._secrets,
+            self._signer._rules,
             "OAuth2HTTPXTransport",
             given=given,
         )
@@ -347,7 +355,7 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
         args, given = _own_header(extra_args)
         return api_key_call(
             partial(parent, reqs, extra_args=args),
-            self._secrets,
+            self._signer._rules,
             "OAuth2HTTPXTransport",
             given=given,
         )
@@ -373,7 +381,7 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         args, given = _own_header(extra_args)
         return await api_key_call_async(
             partial(parent, request, extra_args=args, upload_files=upload_files),
-            self._secrets,
+            self._signer._rules,
             "OAuth2HTTPXAsyncTransport",
             given=given,
         )
@@ -389,7 +397,7 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
         args, given = _own_header(extra_args)
         return await api_key_call_async(
             partial(parent, reqs, extra_args=args),
-            self._secrets,
+            self._signer._rules,
             "OAuth2HTTPXAsyncTransport",
             given=given,
         )

@@ -14,6 +14,8 @@ package's errors, with gql's bases, as the aiohttp transports raise them.
 
 from __future__ import annotations
 
+from ._core.rotation import CredentialsGiven
+
 try:
     from gql.transport.requests import RequestsHTTPTransport
     from requests.utils import select_proxy
@@ -131,6 +133,11 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         url: The GraphQL endpoint, ``{base_url}/graphql``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
+        credentials: In place of ``client_id`` and ``client_secret``: credentials that
+            can change without a restart (a :class:`~gql_service_auth.CredentialsFile`,
+            :class:`~gql_service_auth.CredentialsFiles`,
+            :class:`~gql_service_auth.CredentialsCallback`, or a callable returning
+            ``(client_id, client_secret)``); see docs/rotating-credentials.md.
         allow_insecure_http: Allow a plain ``http://`` URL to a host that is not loopback.
 
     Raises:
@@ -155,13 +162,18 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         json_serialize: Callable[..., str] = json.dumps,
         json_deserialize: Callable[..., Any] = json.loads,
         *,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        credentials: CredentialsGiven | None = None,
         allow_insecure_http: bool = False,
         **kwargs: Unpack[RequestsOptions],
     ) -> None:
         signer = ApiKeyAuth(
-            client_id, client_secret, url=str(url), allow_insecure_http=allow_insecure_http
+            client_id,
+            client_secret,
+            credentials=credentials,
+            url=str(url),
+            allow_insecure_http=allow_insecure_http,
         )
         _checked(url, headers, auth, allow_insecure_http, kwargs.get("proxies"))
         super().__init__(
@@ -189,7 +201,7 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         args, given = callers_own(extra_args)
         return api_key_call(
             partial(parent, request, timeout, args, upload_files),
-            self._secrets,
+            self._signer._rules,
             "OAuth2RequestsTransport",
             given=given,
         )
@@ -210,7 +222,7 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
         args, given = callers_own(extra_args)
         return api_key_call(
             partial(parent, reqs, timeout, args),
-            self._secrets,
+            self._signer._rules,
             "OAuth2RequestsTransport",
             given=given,
         )
@@ -269,8 +281,8 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         json_deserialize: Callable[..., Any] = json.loads,
         *,
         token_url: str | URL,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
         **keywords: Unpack[OAuth2RequestsOptions],
     ) -> None:
         kwargs: dict[str, Any] = dict(keywords)

@@ -32,6 +32,7 @@ from ._core.credentials import ClientCredentials
 from ._core.errors import UnauthenticatedError
 from ._core.redact import clear_locals, forgets_on_error
 from ._core.refusal import is_refusal
+from ._core.rotation import CredentialsGiven, credentials_of, refused
 from ._core.settings import api_key_env, oauth2_env
 from ._core.token import AccessToken
 from ._stacks.aiohttp import (
@@ -114,6 +115,11 @@ class ApiKeyTransport(AuthenticatingTransport):
         url: The GraphQL endpoint, ``{base_url}/graphql``: a str or a ``yarl.URL``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
+        credentials: In place of ``client_id`` and ``client_secret``: credentials that
+            can change without a restart (a :class:`~gql_service_auth.CredentialsFile`,
+            :class:`~gql_service_auth.CredentialsFiles`,
+            :class:`~gql_service_auth.CredentialsCallback`, or a callable returning
+            ``(client_id, client_secret)``); see docs/rotating-credentials.md.
         allow_insecure_http: Allow a plain ``http://`` URL to a host that is not loopback.
 
     Raises:
@@ -135,11 +141,12 @@ class ApiKeyTransport(AuthenticatingTransport):
         json_deserialize: Callable[..., Any] = json.loads,
         client_session_args: dict[str, Any] | None = None,
         *,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        credentials: CredentialsGiven | None = None,
         allow_insecure_http: bool = False,
     ) -> None:
-        self._credentials = ClientCredentials(client_id, client_secret)
+        self._credentials = credentials_of(client_id, client_secret, credentials)
         super().__init__(
             url, headers, cookies, auth, ssl, timeout, ssl_close_timeout, json_serialize,
             json_deserialize, client_session_args, allow_insecure_http=allow_insecure_http,
@@ -180,6 +187,13 @@ class ApiKeyTransport(AuthenticatingTransport):
     def _secrets(self) -> list[str]:
         return [self._credentials.client_secret]
 
+    def _key_error(self, raw: object, secrets: list[str] | None = None) -> BaseException:
+        """The error of a refusal (``raw``), or ``raw`` itself when it is no refusal of the
+        key; credentials that can change are read again soon after a refusal."""
+        error = api_key_error(raw, self._secrets() if secrets is None else secrets)
+        refused(self._credentials)
+        return error
+
     async def execute(
         self,
         request: GraphQLRequest,
@@ -200,8 +214,9 @@ class ApiKeyTransport(AuthenticatingTransport):
                 extra_args, given = callers_own(extra_args)
                 if given:
                     return await self._execute_given(request, extra_args, upload_files)
+            # The pair in use now: credentials that can change swap it for another.
             posting = self._post(
-                request, extra_args, upload_files, self._credentials, _API_KEY_HEADER
+                request, extra_args, upload_files, self._credentials.current, _API_KEY_HEADER
             )
             try:
                 async with posting as response:
@@ -210,12 +225,13 @@ class ApiKeyTransport(AuthenticatingTransport):
                         scrubbed(answer, self._secrets())
             except Exception as exc:
                 failed = transport_error(exc)
-                raise api_key_error(bare_401(failed, self._secrets()), self._secrets()) from failed
+                error = bare_401(failed, self._secrets())
+                raise self._key_error(error) from failed
             finally:
                 if upload_files:
                     self._close_upload()
             if answer.errors and is_refusal(answer.errors):
-                raise api_key_error(answer, self._secrets())
+                raise self._key_error(answer)
             return answer
         except BaseException as exc:
             clear_locals(exc)
@@ -242,9 +258,9 @@ class ApiKeyTransport(AuthenticatingTransport):
         try:
             answers = await super().execute_batch(reqs, extra_args=args)
         except TransportError as exc:
-            raise api_key_error(bare_401(exc, self._secrets()), self._secrets()) from exc
+            raise self._key_error(bare_401(exc, self._secrets())) from exc
         if any(is_refusal(answer.errors) for answer in answers):
-            raise api_key_error(answers, self._secrets())
+            raise self._key_error(answers)
         return scrubbed(answers, self._secrets())
 
     async def subscribe(
@@ -267,7 +283,7 @@ class ApiKeyTransport(AuthenticatingTransport):
                 ),
                 self._secrets,
                 on_refusal=_nothing,
-                on_401=lambda bare: api_key_error(bare, []),
+                on_401=lambda bare: self._key_error(bare, []),
             )
         async with contextlib.aclosing(stream):
             async for result in stream:
@@ -321,8 +337,8 @@ class OAuth2Transport(RenewingTransport):
         client_session_args: dict[str, Any] | None = None,
         *,
         token_url: str | URL,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
         **options: Unpack[TokenOptions],
     ) -> None:
         caller = f"{type(self).__name__}.__init__"

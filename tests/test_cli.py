@@ -575,3 +575,30 @@ def test_cli_check_with_a_query_in_the_base_url(
     out, _ = capsys.readouterr()
     assert code == 0, out
     assert ("used as the GraphQL endpoint as it is" in out) == ("graphql" in base)
+
+
+def test_check_reads_the_credentials_files_the_application_reads(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """SERVICE_CLIENT_SECRET_FILE, as from_env reads it: check tests what the app will use."""
+    client = emulator.legacy_client  # OAuth2 only: both methods are tried
+    (tmp_path / "secret").write_text(client.client_secret + "\n")
+    environ = emulator.environ(client)
+    del environ["SERVICE_CLIENT_SECRET"]
+    environ["SERVICE_CLIENT_SECRET_FILE"] = str(tmp_path / "secret")
+    code, out, _ = _run(capsys, ["check"], environ)
+    assert code == 0
+    assert "method that works: oauth2" in out
+    assert client.client_secret not in out
+
+
+def test_check_names_a_credentials_file_it_cannot_read(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    environ = emulator.environ()
+    del environ["SERVICE_CLIENT_ID"], environ["SERVICE_CLIENT_SECRET"]
+    environ["SERVICE_CREDENTIALS_FILE"] = str(tmp_path / "missing.json")
+    code, _, err = _run(capsys, ["check"], environ)
+    assert code == 2
+    assert "missing.json" in err
+    assert "FileNotFoundError" in err

@@ -24,6 +24,20 @@ ENV_CLIENT_ID: Final = "SERVICE_CLIENT_ID"
 ENV_CLIENT_SECRET: Final = "SERVICE_CLIENT_SECRET"
 """Environment variable: the Client Secret created in the web console."""
 
+ENV_CREDENTIALS_FILE: Final = "SERVICE_CREDENTIALS_FILE"
+"""Environment variable, optional: a file holding both credentials (a JSON object, or
+``client_id=...`` and ``client_secret=...`` lines), read again when it changes; in place of
+``SERVICE_CLIENT_ID`` and ``SERVICE_CLIENT_SECRET``."""
+
+ENV_CLIENT_ID_FILE: Final = "SERVICE_CLIENT_ID_FILE"
+"""Environment variable, optional: a file holding the Client Id alone, read again when it
+changes; in place of ``SERVICE_CLIENT_ID``, with ``SERVICE_CLIENT_SECRET_FILE``."""
+
+ENV_CLIENT_SECRET_FILE: Final = "SERVICE_CLIENT_SECRET_FILE"
+"""Environment variable, optional: a file holding the Client Secret alone (a mounted
+Kubernetes Secret's key), read again when it changes; in place of
+``SERVICE_CLIENT_SECRET``."""
+
 ENV_TOKEN_STORE_URL: Final = "SERVICE_TOKEN_STORE_URL"
 """Environment variable, optional: a ``file:///dir`` or a Redis URL: ``redis://``
 (``rediss://``, ``unix://``), ``redis+cluster://`` or ``redis+sentinel://``.

@@ -49,6 +49,11 @@ class ClientCredentials:
     def __repr__(self) -> str:
         return f"ClientCredentials(client_id={self.client_id!r}, client_secret='***')"
 
+    @property
+    def current(self) -> ClientCredentials:
+        """These credentials, which never change (as ``RotatingCredentials.current``)."""
+        return self
+
     __str__ = __repr__
 
     def api_key_authorization(self) -> str:

@@ -23,6 +23,8 @@ EventName: TypeAlias = Literal[
     "token_rejected",
     "token_expires_in_ignored",
     "request_retry_scheduled",
+    "credentials_changed",
+    "credentials_source_failed",
 ]
 """What happened; the log record's message starts with ``"gql_service_auth." + name``."""
 
@@ -47,7 +49,11 @@ class AuthEvent:
             API refused a token, which is dropped), ``token_expires_in_ignored`` (the
             token endpoint gave an ``expires_in`` of 0 or less, which is treated as
             absent: the default lifetime applies), ``request_retry_scheduled`` (a
-            refused GraphQL request will be sent again with a renewed token).
+            refused GraphQL request will be sent again with a renewed token),
+            ``credentials_changed`` (credentials read from a source that can change, such
+            as a mounted file, changed: they are used from now on),
+            ``credentials_source_failed`` (such a source could not be read: the
+            credentials read last stay in use; said once until a read succeeds).
         reason: Why the token was fetched: ``"initial"`` (first token), ``"expiring"``
             (renewal ahead of expiry, in the background while the token stays in use),
             ``"expired"`` (no usable token was left, so requests waited for this one) or
@@ -72,7 +78,8 @@ class AuthEvent:
         store: For ``token_store_failed``, which store failed: for Redis, its URL with no
             user or password (``redis://host:6379/0``).
         detail: For ``token_store_failed``, what failed, in words (``Connection refused``,
-            ``no answer within 0.25 s``).
+            ``no answer within 0.25 s``). For ``credentials_changed`` and
+            ``credentials_source_failed``, the source and the Client Id (never the secret).
     """
 
     name: EventName
@@ -113,6 +120,8 @@ _LEVELS: dict[EventName, int] = {
     "token_rejected": logging.INFO,
     "token_expires_in_ignored": logging.WARNING,
     "request_retry_scheduled": logging.INFO,
+    "credentials_changed": logging.INFO,
+    "credentials_source_failed": logging.WARNING,
 }
 
 

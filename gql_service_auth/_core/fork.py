@@ -44,10 +44,23 @@ def reset_in_child(obj: ForkAware) -> None:
     _registered.add(obj)
 
 
+_then: list[Callable[[], None]] = []
+
+
+def after_reset(call: Callable[[], None]) -> None:
+    """Call ``call()`` in this child once every registered object has reset itself: a
+    thread started then finds no lock held by a thread the child does not have."""
+    _then.append(call)
+
+
 def _after_fork_in_child() -> None:
     # Only the forking thread exists here, so nothing else touches these objects now.
     for obj in list(_registered):
         obj._after_fork_in_child()
+    calls = _then[:]
+    _then.clear()
+    for call in calls:
+        call()
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch - absent only on Windows

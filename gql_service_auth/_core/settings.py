@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from yarl import URL
 
 from .._stores.protocol import TokenIdentity, TokenStore
 from . import fork as _fork
-from .config import check_seconds, endpoint_or_env, given_or_env
+from .config import check_seconds, endpoint_or_env
 from .constants import (
     ENV_AUTH_URL,
     ENV_BASE_URL,
-    ENV_CLIENT_ID,
-    ENV_CLIENT_SECRET,
     ENV_TOKEN_STORE_CONNECT_TIMEOUT,
     ENV_TOKEN_STORE_TIMEOUT,
     ENV_TOKEN_STORE_URL,
@@ -40,13 +39,15 @@ from .oauth2 import (
     RetryPolicy,
     checked_token_params,
 )
+from .rotation import Credentials, RotatingCredentials
 from .sharing import SHARED, Same, SharingKey, api_endpoint
-from .token import Clock
+from .token import Clock, TokenFetcher
 
 if TYPE_CHECKING:
     from yarl import URL
 
     from .._stores.level import SharedLevel, TokenSource
+    from .rotating_source import RotatingIdentity, RotatingSource
     from .tokens import TokenManager
 
 _STORE_METHODS = ("load", "save", "discard", "lock", "unlock", "failure")
@@ -139,7 +140,7 @@ def joined_scope(scope: str | Sequence[str] | None) -> str | None:
 
 def token_manager(
     token_url: str | URL,
-    credentials: ClientCredentials,
+    credentials: Credentials,
     *,
     post: FormPoster,
     scope: str | None,
@@ -158,45 +159,41 @@ def token_manager(
 
     With ``share``, the process's manager for the same token requests to the API at
     ``api_url`` (see :func:`~.sharing.api_endpoint`), if it has one (see
-    ``_core/sharing.py``); ``emit`` hears its events either way.
+    ``_core/sharing.py``); ``emit`` hears its events either way. Credentials that can
+    change have a grant and a store entry per pair read (see ``_core/rotating_source.py``),
+    and are shared by their source.
     """
     params = checked_token_params(token_params)
-    identity = TokenIdentity.of(
-        token_url=str(token_url),
-        client_id=credentials.client_id,
-        client_secret=credentials.client_secret,
-        scope=scope,
-        token_params=params,
-        auth_method=token_auth_method,
-    )
     check_token_store(token_store)
     clock = clock or time.monotonic
     # The token machinery, here rather than at import: a process that imports the requests
     # or httpx transports, or uses an API key, never needs it (figure 15 of make bench).
-    manager_class, endpoint, shared_level = _fork.imported(_token_machinery)
+    machinery = _fork.imported(_token_machinery)
+    grant_and_source = partial(
+        _grant_and_source,
+        machinery,
+        token_url,
+        scope=scope,
+        params=params,
+        auth_method=token_auth_method,
+        policy=policy,
+        post=post,
+        token_store=token_store,
+        refresh_margin=float(refresh_margin),
+        default_expires_in=float(default_expires_in),
+    )
 
     def build() -> TokenManager:
         subscribers = Subscribers()
-        grant = ClientCredentialsGrant(
-            token_url,
-            credentials,
-            scope=scope,
-            extra_params=params,
-            auth_method=token_auth_method,
-            policy=policy,
-            post=post,
-            emit=subscribers,
-        )
-        source: TokenSource = endpoint
-        if token_store is not None:
-            source = shared_level(
-                token_store,
-                identity,
-                refresh_margin=float(refresh_margin),
-                default_expires_in=float(default_expires_in),
-                emit=subscribers,
-            )
-        return manager_class(
+        make = partial(grant_and_source, emit=subscribers)
+        source: TokenSource
+        grant: TokenFetcher
+        if isinstance(credentials, RotatingCredentials):
+            rotating = machinery.rotating_source(credentials, make)
+            grant, source = rotating.fetch, rotating
+        else:
+            grant, source = make(credentials)
+        return machinery.manager(
             grant,
             refresh_margin=float(refresh_margin),
             default_expires_in=float(default_expires_in),
@@ -213,7 +210,7 @@ def token_manager(
         sharing_key = getattr(post, "sharing_key", None)
         key = SharingKey(
             api_endpoint(api_url),
-            identity,
+            _identity(machinery, token_url, credentials, scope, params, token_auth_method),
             sharing_key(token_url) if callable(sharing_key) else Same(post),
             policy,
             float(refresh_margin),
@@ -228,12 +225,95 @@ def token_manager(
     return manager
 
 
-def _token_machinery() -> tuple[type[TokenManager], TokenSource, type[SharedLevel]]:
+def _identity(
+    machinery: _Machinery,
+    token_url: str | URL,
+    credentials: Credentials,
+    scope: str | None,
+    params: Mapping[str, str],
+    auth_method: ClientAuthMethod,
+) -> TokenIdentity | RotatingIdentity:
+    """What the transports that share a token share: the credentials and the token
+    parameters; for credentials that can change, their source."""
+    pair = credentials.current
+    if isinstance(credentials, RotatingCredentials):
+        pair = ClientCredentials("-", "-")
+    identity = TokenIdentity.of(
+        token_url=str(token_url),
+        client_id=pair.client_id,
+        client_secret=pair.client_secret,
+        scope=scope,
+        token_params=params,
+        auth_method=auth_method,
+    )
+    if isinstance(credentials, RotatingCredentials):
+        return machinery.rotating_identity(credentials.source, identity)
+    return identity
+
+
+def _grant_and_source(
+    machinery: _Machinery,
+    token_url: str | URL,
+    credentials: ClientCredentials,
+    *,
+    scope: str | None,
+    params: Mapping[str, str],
+    auth_method: ClientAuthMethod,
+    policy: RetryPolicy,
+    post: FormPoster,
+    emit: Emitter,
+    token_store: TokenStore | None,
+    refresh_margin: float,
+    default_expires_in: float,
+) -> tuple[ClientCredentialsGrant, TokenSource]:
+    """The grant of ``credentials``, and where their tokens come from: the endpoint, or the
+    store's entry of their identity in front of it. Module-level: a copy pickles it."""
+    grant = ClientCredentialsGrant(
+        token_url,
+        credentials,
+        scope=scope,
+        extra_params=params,
+        auth_method=auth_method,
+        policy=policy,
+        post=post,
+        emit=emit,
+    )
+    if token_store is None:
+        return grant, machinery.endpoint
+    identity = TokenIdentity.of(
+        token_url=str(token_url),
+        client_id=credentials.client_id,
+        client_secret=credentials.client_secret,
+        scope=scope,
+        token_params=params,
+        auth_method=auth_method,
+    )
+    level = machinery.shared_level(
+        token_store,
+        identity,
+        refresh_margin=refresh_margin,
+        default_expires_in=default_expires_in,
+        emit=emit,
+    )
+    return grant, level
+
+
+class _Machinery(NamedTuple):
     """What :func:`token_manager` builds with, imported with the first OAuth2 transport."""
+
+    manager: type[TokenManager]
+    endpoint: TokenSource
+    shared_level: type[SharedLevel]
+    rotating_source: type[RotatingSource]
+    rotating_identity: type[RotatingIdentity]
+
+
+def _token_machinery() -> _Machinery:
     from .._stores.level import ENDPOINT, SharedLevel
+    from .rotating_source import RotatingIdentity, RotatingSource
     from .tokens import TokenManager
 
-    return TokenManager, ENDPOINT, SharedLevel
+    return _Machinery(TokenManager, ENDPOINT, SharedLevel, RotatingSource, RotatingIdentity)
 
 
 def api_key_env(
@@ -245,12 +325,15 @@ def api_key_env(
     reads_url: bool = True,
 ) -> dict[str, Any]:
     """An API key transport's or auth's ``from_env`` arguments: the endpoint and the
-    credentials, each given by keyword or read from its ``SERVICE_*`` variable; without
+    credentials, each given by keyword or read from its ``SERVICE_*`` variable (the
+    credentials may be files: see :func:`~gql_service_auth.credentials.credentials_env`); without
     ``reads_url`` (an auth signing any origin), ``url`` as given."""
+    # The file sources read files: their module, not the core's, does that I/O.
+    from ..credentials import credentials_env
+
     return {
         "url": endpoint_or_env(environ, url, ENV_BASE_URL, GRAPHQL_PATH) if reads_url else url,
-        "client_id": given_or_env(environ, client_id, ENV_CLIENT_ID),
-        "client_secret": given_or_env(environ, client_secret, ENV_CLIENT_SECRET),
+        **credentials_env(environ, client_id=client_id, client_secret=client_secret),
     }
 
 

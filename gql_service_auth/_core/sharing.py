@@ -61,6 +61,7 @@ from .ledger import Pause
 from .oauth2 import RetryPolicy
 
 if TYPE_CHECKING:  # built by settings.token_manager, with the first OAuth2 transport
+    from .rotating_source import RotatingIdentity
     from .tokens import TokenManager
 
 _DIGEST_KEY = secrets.token_bytes(32)
@@ -113,7 +114,7 @@ class SharingKey:
     """
 
     api: str | None
-    identity: TokenIdentity
+    identity: TokenIdentity | RotatingIdentity
     destination: Hashable
     policy: RetryPolicy
     refresh_margin: float
@@ -128,7 +129,8 @@ class SharingKey:
         """What this key's refusals are remembered by, once its manager is gone."""
         # Every field of the identity, the secret included, so that another secret never
         # goes on from this one's pause; keyed, so that the digest reveals none of them.
-        fields = json.dumps(astuple(self.identity)).encode()
+        # (A source of credentials that can change is named by its repr: a file's path.)
+        fields = json.dumps(astuple(self.identity), default=repr).encode()
         digest = hashlib.blake2b(fields, key=_DIGEST_KEY).hexdigest()
         return PauseKey(self.api, digest, self.policy, self.clock)
 

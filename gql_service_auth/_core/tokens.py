@@ -137,12 +137,16 @@ class TokenManager:
         self._emit = emit or Emitter(None)
         self._reset()
         _fork.reset_in_child(self)
+        self._serve()
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._token: AccessToken | None = None
         self._flight: Flight | None = None
         self._generation = 0
+        #: A renewal is due once the fetch in flight lands: it may be of credentials that
+        #: changed while it flew (see :meth:`renew_soon`).
+        self._again = False
         #: What refusals say: drops, pauses, the renewal after a running refusal.
         self._refusals = Refusals(
             cooldown=self._cooldown, weighs_provenance=self._source.shared, clock=self._clock
@@ -162,6 +166,13 @@ class TokenManager:
         self.__dict__.update(state)
         self._reset()
         _fork.reset_in_child(self)
+        self._serve()
+
+    def _serve(self) -> None:
+        # A source of credentials that can change asks the manager to renew when they do.
+        serve = getattr(self._source, "serve", None)
+        if serve is not None:
+            serve(self)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
         if self.shared_as is None:
@@ -250,6 +261,19 @@ class TokenManager:
             if now >= self._renewals.next_at and self._take_off(token, background=True) is None:
                 # No thread to be had: not tried again by every request meanwhile.
                 self._renewals.next_at = now + RENEWAL_RETRY_MIN
+
+    def renew_soon(self) -> None:
+        """Renew now in the background: the credentials changed (see ``_core/rotation.py``).
+
+        The token in hand stays in use until the new one lands, as for a renewal ahead of
+        expiry: the old credentials stay valid until they are deleted. A fetch in flight
+        may carry the old ones, so the renewal follows it.
+        """
+        with self._lock:
+            if self._flight is not None:
+                self._again = True
+            elif self._token is not None:
+                self._take_off(self._token, background=True)
 
     def waits(self, sleep: Callable[[float], _Slept]) -> Callable[[float], _Slept]:
         """``sleep`` as waits on this manager's clock take it (see :func:`waits_on`)."""
@@ -569,6 +593,9 @@ class TokenManager:
                     self._token = token
                     self._renewals.succeeded()
             self._refusals.fetch_ended()
+            if self._again and current and self._token is not None:
+                self._again = False
+                self._take_off(self._token, background=True)
         if token is not None:
             flight.future.set_result(token)
         else:

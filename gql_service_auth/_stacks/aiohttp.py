@@ -25,8 +25,8 @@ from yarl import URL
 
 from .._core import fork as _fork
 from .._core.config import check_url
-from .._core.credentials import ClientCredentials
 from .._core.errors import ConfigurationError
+from .._core.rotation import Credentials
 
 # Imported for what it does: it registers how aiohttp errors are scrubbed.
 from . import aiohttp_redact  # noqa: F401
@@ -110,7 +110,7 @@ class AuthenticatingTransport(AnswerHeadersApart, AIOHTTPTransport):
 
     # The post arguments of the credential last sent without extra_args (see SharedArgs).
     _shared_args: SharedArgs | None = None
-    _credentials: ClientCredentials
+    _credentials: Credentials
 
     # A call whose extra_args carry the caller's own Authorization (see
     # _stacks/gql.callers_own) is gql's own, as given: neither signed nor sent again, its

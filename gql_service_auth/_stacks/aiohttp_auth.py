@@ -40,6 +40,7 @@ from .._core.flow import (
 from .._core.ledger import NotNow
 from .._core.redact import clear_locals, forgets_on_error
 from .._core.refusal import Answer, RequestFacts
+from .._core.rotation import CredentialsGiven
 from .._core.token import AccessToken
 
 # Imported for what it does: it registers how aiohttp errors are scrubbed.
@@ -48,6 +49,7 @@ from .auth_objects import ApiKeyAuthBase, OAuth2AuthBase
 from .gql import first_of
 from .http_auth import (
     NOT_REFUSED,
+    ApiKeyRules,
     InsecureOrigins,
     OAuth2Rules,
     answer_of,
@@ -87,9 +89,10 @@ class ApiKeyMiddleware(ApiKeyAuthBase):
     @forgets_on_error
     def __init__(
         self,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
         *,
+        credentials: CredentialsGiven | None = None,
         url: str | URL | None = None,
         sign_any_origin: bool = False,
         allow_insecure_http: bool = False,
@@ -97,12 +100,15 @@ class ApiKeyMiddleware(ApiKeyAuthBase):
         super().__init__(
             client_id,
             client_secret,
+            credentials=credentials,
             url=url,
             sign_any_origin=sign_any_origin,
             allow_insecure_http=allow_insecure_http,
         )
         # The request's own proxy is checked (see _check_origin), not the environment's.
-        self._rules = replace(self._rules, origins=self._rules.origins.without_environment())
+        self._rules = ApiKeyRules(
+            self._rules.credentials, self._rules.origins.without_environment()
+        )
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         url = request.url
@@ -139,8 +145,8 @@ class OAuth2Middleware(OAuth2AuthBase):
     def __init__(
         self,
         token_url: str | URL,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
         *,
         url: str | URL | None = None,
         sign_any_origin: bool = False,

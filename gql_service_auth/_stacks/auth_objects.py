@@ -21,9 +21,9 @@ from yarl import URL
 from .._core import fork as _fork
 from .._core.config import check_url
 from .._core.constants import ENV_BASE_URL
-from .._core.credentials import ClientCredentials
 from .._core.errors import ConfigurationError
 from .._core.redact import forgets_on_error
+from .._core.rotation import Credentials, CredentialsGiven, credentials_of
 from .._core.settings import api_key_env, oauth2_env
 from .._core.sharing import api_endpoint
 from .._core.token import AccessToken
@@ -173,6 +173,11 @@ class ApiKeyAuthBase:
     Args:
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
+        credentials: In place of ``client_id`` and ``client_secret``: credentials that
+            can change without a restart (a :class:`~gql_service_auth.CredentialsFile`,
+            :class:`~gql_service_auth.CredentialsFiles`,
+            :class:`~gql_service_auth.CredentialsCallback`, or a callable returning
+            ``(client_id, client_secret)``); see docs/rotating-credentials.md.
         url: The API's URL (``{base_url}/graphql``): requests to its origin are signed.
         sign_any_origin: Sign every request the client sends, to any host, instead.
         allow_insecure_http: Allow plain ``http://`` to hosts that are not loopback.
@@ -184,9 +189,10 @@ class ApiKeyAuthBase:
     @forgets_on_error
     def __init__(
         self,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
         *,
+        credentials: CredentialsGiven | None = None,
         url: str | URL | None = None,
         sign_any_origin: bool = False,
         allow_insecure_http: bool = False,
@@ -198,7 +204,8 @@ class ApiKeyAuthBase:
             allow_insecure_http=allow_insecure_http,
         )
         self._rules = ApiKeyRules(
-            ClientCredentials(client_id, client_secret), InsecureOrigins(allow_insecure_http)
+            credentials_of(client_id, client_secret, credentials),
+            InsecureOrigins(allow_insecure_http),
         )
 
     @classmethod
@@ -242,9 +249,20 @@ class ApiKeyAuthBase:
 
     @classmethod
     def _for_transport(
-        cls, client_id: str, client_secret: str, url: str, allow_insecure_http: bool
+        cls,
+        client_id: str | None,
+        client_secret: str | None,
+        url: str,
+        allow_insecure_http: bool,
+        credentials: CredentialsGiven | None = None,
     ) -> Self:
-        auth = cls(client_id, client_secret, url=url, allow_insecure_http=allow_insecure_http)
+        auth = cls(
+            client_id,
+            client_secret,
+            credentials=credentials,
+            url=url,
+            allow_insecure_http=allow_insecure_http,
+        )
         auth._own_client = True
         return auth
 
@@ -287,6 +305,11 @@ class OAuth2AuthBase:
         token_url: The token endpoint, ``{auth_url}/oauth2/token``.
         client_id: The Client Id from the console.
         client_secret: The Client Secret from the console; never shown.
+        credentials: In place of ``client_id`` and ``client_secret``: credentials that
+            can change without a restart (a :class:`~gql_service_auth.CredentialsFile`,
+            :class:`~gql_service_auth.CredentialsFiles`,
+            :class:`~gql_service_auth.CredentialsCallback`, or a callable returning
+            ``(client_id, client_secret)``); see docs/rotating-credentials.md.
         url: The API's URL (``{base_url}/graphql``): requests to its origin are signed.
         sign_any_origin: Sign every request the client sends, to any host, instead.
         allow_insecure_http: Allow plain ``http://`` to hosts that are not loopback.
@@ -302,8 +325,8 @@ class OAuth2AuthBase:
     def __init__(
         self,
         token_url: str | URL,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None = None,
+        client_secret: str | None = None,
         *,
         url: str | URL | None = None,
         sign_any_origin: bool = False,
@@ -326,8 +349,8 @@ class OAuth2AuthBase:
     def _setup(
         self,
         token_url: str | URL,
-        client_id: str,
-        client_secret: str,
+        client_id: str | None,
+        client_secret: str | None,
         url: str | URL | None,
         sign_any_origin: bool,
         options: TokenOptions,
@@ -513,7 +536,7 @@ class OAuth2AuthBase:
         )
 
     @property
-    def _credentials(self) -> ClientCredentials:
+    def _credentials(self) -> Credentials:
         if self._per_api is not None:
             return self._per_api.settings.credentials
         assert self._rules is not None

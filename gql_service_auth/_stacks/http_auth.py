@@ -20,7 +20,7 @@ import json
 import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -29,12 +29,12 @@ from graphql import GraphQLError, parse
 
 from .._core.config import is_loopback
 from .._core.constants import UNAUTHENTICATED
-from .._core.credentials import ClientCredentials
-from .._core.errors import ConfigurationError
+from .._core.errors import ApiKeyRejectedError, ConfigurationError
 from .._core.events import Emitter
 from .._core.flow import Refused
 from .._core.log_secrets import remember
 from .._core.refusal import BARE_401, Answer, RequestFacts
+from .._core.rotation import Credentials, RotatingCredentials
 from .._core.token import AccessToken
 
 if TYPE_CHECKING:  # the token machinery loads with the first OAuth2 transport
@@ -318,22 +318,38 @@ def environment_proxy(host: str) -> str | None:
     return urlsplit(url if "://" in url else f"http://{url}").hostname or url
 
 
-@dataclass(frozen=True, slots=True, repr=False)
 class ApiKeyRules:
-    """An API key auth's settings: the header it sends, and where it may go."""
+    """An API key auth's settings: the header it sends, and where it may go.
 
-    credentials: ClientCredentials
-    origins: InsecureOrigins
-    authorization: str = field(init=False)
+    With credentials that can change, the header follows them: it is swapped when the
+    watcher reads new ones, so a request reads one attribute, as with fixed credentials.
+    """
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "authorization", self.credentials.api_key_authorization())
+    __slots__ = ("__weakref__", "authorization", "credentials", "origins")
+
+    def __init__(self, credentials: Credentials, origins: InsecureOrigins) -> None:
+        self.credentials = credentials
+        self.origins = origins
+        self.authorization = credentials.api_key_authorization()
+        if isinstance(credentials, RotatingCredentials):
+            credentials.listen(self._changed)
+
+    def _changed(self) -> None:
+        self.authorization = self.credentials.api_key_authorization()
+
+    def __reduce__(self) -> tuple[type[ApiKeyRules], tuple[Credentials, InsecureOrigins]]:
+        return ApiKeyRules, (self.credentials, self.origins)
 
     def __repr__(self) -> str:
         return f"<ApiKeyRules client_id={self.credentials.client_id!r}>"
 
     def secrets(self) -> list[str]:
         return [self.credentials.client_secret]
+
+    def refused(self) -> None:
+        """The service refused the key: credentials that can change are read again soon."""
+        if isinstance(self.credentials, RotatingCredentials):
+            self.credentials.check_soon()
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -348,7 +364,7 @@ class OAuth2Rules:
         origins: Where credentials may go.
     """
 
-    credentials: ClientCredentials
+    credentials: Credentials
     tokens: TokenManager
     max_renewals: int
     refresh_margin: float
@@ -466,30 +482,28 @@ async def oauth2_call_async(call: Callable[[], Awaitable[_T]], rules: OAuth2Rule
     raise failure
 
 
-def api_key_call(
-    call: Callable[[], _T], secrets: Callable[[], list[str]], instead: str, *, given: bool
-) -> _T:
+def api_key_call(call: Callable[[], _T], rules: ApiKeyRules, instead: str, *, given: bool) -> _T:
     """``call()`` of an API key transport: its answer, or the package's error.
 
-    ``secrets`` gives what answers may quote; ``instead`` names the OAuth2 transport of the
-    same stack, which a refusal advises. ``given``: the call carried the caller's own
-    ``Authorization``, which the auth left alone: a refusal is of that header, not of the
-    key, and is gql's to raise.
+    ``rules`` give what answers may quote, and hear of a refused key; ``instead`` names the
+    OAuth2 transport of the same stack, which a refusal advises. ``given``: the call
+    carried the caller's own ``Authorization``, which the auth left alone: a refusal is of
+    that header, not of the key, and is gql's to raise.
     """
     try:
         answer = call()
     except TransportError as exc:
-        failure = _api_key_failure(exc, secrets(), instead, given)
+        failure = _api_key_failure(exc, rules, instead, given)
     else:
         if not _has_errors(answer):
             return answer
-        return scrubbed(answer, secrets()) if given else api_key_answer(answer, secrets(), instead)
+        return _api_key_answer(answer, rules, instead, given)
     raise failure
 
 
 async def api_key_call_async(
     call: Callable[[], Awaitable[_T]],
-    secrets: Callable[[], list[str]],
+    rules: ApiKeyRules,
     instead: str,
     *,
     given: bool,
@@ -498,16 +512,31 @@ async def api_key_call_async(
     try:
         answer = await call()
     except TransportError as exc:
-        failure = _api_key_failure(exc, secrets(), instead, given)
+        failure = _api_key_failure(exc, rules, instead, given)
     else:
         if not _has_errors(answer):
             return answer
-        return scrubbed(answer, secrets()) if given else api_key_answer(answer, secrets(), instead)
+        return _api_key_answer(answer, rules, instead, given)
     raise failure
 
 
 def _api_key_failure(
-    exc: TransportError, secrets: list[str], instead: str, given: bool
+    exc: TransportError, rules: ApiKeyRules, instead: str, given: bool
 ) -> BaseException:
     # A caller's own header refused: gql's error, scrubbed, as on OAuth2 (oauth2_failure).
-    return oauth2_failure(exc, None, secrets) if given else api_key_failure(exc, secrets, instead)
+    if given:
+        return oauth2_failure(exc, None, rules.secrets())
+    failure = api_key_failure(exc, rules.secrets(), instead)
+    if isinstance(failure, ApiKeyRejectedError):
+        rules.refused()
+    return failure
+
+
+def _api_key_answer(answer: _T, rules: ApiKeyRules, instead: str, given: bool) -> _T:
+    if given:
+        return scrubbed(answer, rules.secrets())
+    try:
+        return api_key_answer(answer, rules.secrets(), instead)
+    except ApiKeyRejectedError:
+        rules.refused()
+        raise

@@ -17,7 +17,6 @@ from yarl import URL
 
 from .._core.config import check_url
 from .._core.constants import DEFAULT_EXPIRES_IN, DEFAULT_MAX_RENEWALS, DEFAULT_REFRESH_MARGIN
-from .._core.credentials import ClientCredentials
 from .._core.errors import ConfigurationError
 from .._core.events import Emitter, EventHook
 from .._core.oauth2 import (
@@ -26,6 +25,7 @@ from .._core.oauth2 import (
     checked_auth_method,
     checked_token_params,
 )
+from .._core.rotation import Credentials, CredentialsGiven, credentials_of
 from .._core.settings import (
     check_renewal_settings,
     check_token_store,
@@ -91,6 +91,13 @@ class TokenOptions(TypedDict, total=False):
             proxy), ``retry``, ``refresh_margin``, ``default_expires_in``, ``clock`` and
             ``token_store``. A transport built per call then costs no token request of
             its own. ``False`` keeps this one's tokens its own. ``True`` by default.
+        credentials: In place of ``client_id`` and ``client_secret``, credentials that
+            can change without a restart: a :class:`~gql_service_auth.CredentialsFile`,
+            :class:`~gql_service_auth.CredentialsFiles`,
+            :class:`~gql_service_auth.CredentialsCallback`, or a callable returning
+            ``(client_id, client_secret)``. Read again when they may have changed; a
+            token of the old credentials stays in use until one of the new lands (see
+            docs/rotating-credentials.md).
     """
 
     scope: str | Sequence[str] | None
@@ -107,6 +114,7 @@ class TokenOptions(TypedDict, total=False):
     token_proxy: str | URL | None
     token_store: TokenStore | None
     share_tokens: bool
+    credentials: CredentialsGiven | None
 
 
 # Shown where users import it from, as the errors are (see _core/errors.py).
@@ -152,8 +160,8 @@ def _check_kinds(options: TokenOptions) -> None:
 
 def oauth2_settings(
     token_url: str | URL,
-    client_id: str,
-    client_secret: str,
+    client_id: str | None,
+    client_secret: str | None,
     options: TokenOptions,
     *,
     caller: str,
@@ -177,7 +185,8 @@ def oauth2_settings(
     """
     check_known(options, caller)
     _check_kinds(options)
-    credentials = ClientCredentials(client_id, client_secret)
+    emit = Emitter(options.get("on_event"))
+    credentials = credentials_of(client_id, client_secret, options.get("credentials"), emit)
     allow_insecure_http = options.get("allow_insecure_http", False)
     check_url(token_url, what="token_url", allow_insecure_http=allow_insecure_http)
     session = resolve_token_session(
@@ -201,7 +210,6 @@ def oauth2_settings(
         retry = RetryPolicy()
     token_store = options.get("token_store")
     check_token_store(token_store)
-    emit = Emitter(options.get("on_event"))
     manager = partial(
         token_manager,
         token_url,
@@ -234,7 +242,7 @@ def oauth2_settings(
 class OAuth2Settings:
     """Checked settings; :meth:`rules` makes the rules, and token manager, for an API."""
 
-    credentials: ClientCredentials
+    credentials: Credentials
     manager: Callable[..., TokenManager]  # token_manager, all but api_url given
     max_renewals: int
     refresh_margin: float

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import date
 from typing import Any, Literal
 from urllib.parse import unquote_plus
@@ -164,6 +164,8 @@ class Counters:
     graphql_requests: int = 0
     unauthenticated_responses: int = 0
     mutations_run: int = 0
+    deleted_credentials_used: int = 0
+    """Requests that carried deleted credentials, or a token issued to them (refused)."""
 
 
 def _json_bytes(value: object) -> bytes:
@@ -255,6 +257,8 @@ class Emulator:
         self._clock = clock
         self._schema = _schema.build()
         self._tokens: dict[str, _Issued] = {}
+        self._deleted: set[str] = set()
+        self._issued_to: dict[str, str] = {}  # every token issued, to whom, latest kept
         self._faults: deque[_Fault] = deque()
         self._graphql_faults: deque[_Fault] = deque()
         self._field_refusals = 0
@@ -374,6 +378,43 @@ class Emulator:
         fault_headers.update(headers or {})
         fault = _Fault(status, _encode(body), fault_headers)
         self._graphql_faults.extend([fault] * count)
+
+    def create_credentials(
+        self, *, registered: date | None = None, scopes: frozenset[str] | None = None
+    ) -> ClientRecord:
+        """New credentials, as the console creates them in a project: a new Client Id and
+        a new secret, known from now on beside the others (old ones stay valid until
+        :meth:`delete_credentials`).
+
+        Args:
+            registered: Registration date; today by default (the API key works).
+            scopes: Scopes the client may request; ``None`` allows any.
+        """
+        client = replace(
+            ClientRecord.generate(
+                "emu-client-" + secrets.token_hex(4), registered or date.today()
+            ),
+            scopes=scopes,
+        )
+        self.clients[client.client_id] = client
+        return client
+
+    def delete_credentials(self, client: ClientRecord | str) -> None:
+        """Delete credentials, as the console does: their token requests, their API key
+        and every token issued to them are refused from now on.
+
+        Raises:
+            KeyError: no such credentials are known.
+        """
+        client_id = client if isinstance(client, str) else client.client_id
+        del self.clients[client_id]
+        self._deleted.add(client_id)
+        for token in [t for t, issued in self._tokens.items() if issued.client_id == client_id]:
+            del self._tokens[token]
+
+    def client_of_token(self, token: str) -> str | None:
+        """The Client Id a token was issued to (deleted since or not), or ``None``."""
+        return self._issued_to.get(token)
 
     def revoke_tokens(self) -> None:
         """Revoke every token issued so far; clients still think them valid."""
@@ -553,6 +594,8 @@ class Emulator:
         if error is not None:
             return None, error
         client = self.clients.get(client_id or "")
+        if client_id in self._deleted:
+            self.counters.deleted_credentials_used += 1
         if (
             client is None
             or client_secret is None
@@ -600,6 +643,9 @@ class Emulator:
     def _issue(self, client: ClientRecord, scope: str | None) -> web.Response:
         token = "emu-token-" + secrets.token_urlsafe(24)
         self._tokens[token] = _Issued(client.client_id, self._clock() + self.token_ttl)
+        self._issued_to[token] = client.client_id
+        if len(self._issued_to) > 100_000:  # bounded: the oldest go first
+            del self._issued_to[next(iter(self._issued_to))]
         self.counters.tokens_issued += 1
         body: dict[str, Any] = {"access_token": token, "token_type": BEARER_SCHEME}
         advertised = self.token_ttl if self.advertised_ttl is None else self.advertised_ttl
@@ -658,6 +704,8 @@ class Emulator:
         scheme, _, credentials = header.partition(" ")
         if scheme == API_KEY_SCHEME:
             client_id, _, client_secret = credentials.partition(":")
+            if client_id in self._deleted:
+                self.counters.deleted_credentials_used += 1
             client = self.clients.get(client_id)
             if client is None or not hmac.compare_digest(
                 client.client_secret.encode(), client_secret.encode()
@@ -671,6 +719,8 @@ class Emulator:
             return None
         if scheme.lower() == BEARER_SCHEME.lower():
             issued = self._tokens.get(credentials)
+            if issued is None and self._issued_to.get(credentials) in self._deleted:
+                self.counters.deleted_credentials_used += 1
             if self.refuse_all_tokens or issued is None:
                 return "invalid access token"
             if self._clock() >= issued.expires_at:
