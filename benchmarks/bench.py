@@ -41,6 +41,7 @@ import _cold
 import _deployments
 import _instructions
 import _otel
+import _rotation
 import _sharing
 import _stacks
 import aiohttp
@@ -1344,6 +1345,7 @@ async def _run(
             lambda: _deployments.figure(sizes, _fleet_processes, _fleet_phase),
         ),
         ("15 cold start", lambda: cold_start(sizes)),
+        ("16 rotation", _rotation.figure),
     ]
     for name, step in steps:
         if only is None or name.startswith(only + " "):
@@ -1379,6 +1381,7 @@ def print_table(figures: dict[str, Any]) -> None:
             lambda figures: _deployments.print_figure(figures["14 fleets on deployments"]),
         ),
         ("15 cold start", _print_cold_start),
+        ("16 rotation", lambda figures: _rotation.print_figure(figures["16 rotation"])),
     ):
         if name in figures:
             print()
@@ -1599,7 +1602,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
     parser.add_argument(
-        "--only", choices=[str(n) for n in range(1, 16)], help="run only this figure's number"
+        "--only", choices=[str(n) for n in range(1, 17)], help="run only this figure's number"
     )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()

@@ -58,8 +58,9 @@ class Status(logging.Handler):
         """A query begun in ``phase`` was answered: switched, if the new credentials were
         in use before it went."""
         self.values["ok"] += 1
-        if phase == 2:
+        if phase == 2 and not self.values["switched"]:
             self.values["switched"] = True
+            self.values["switched_at"] = time.time()  # wall clock: compared across processes
         if self.landed:
             self.phase = 2
 
@@ -111,6 +112,8 @@ def main() -> None:
     logger = logging.getLogger("gql_service_auth")
     logger.addHandler(status)
     logger.setLevel(logging.DEBUG)
+    if os.environ.get("ROT_LOG"):
+        logging.basicConfig(level=logging.DEBUG, format="%(relativeCreated)6d %(message)s")
     transport = transport_of(config)
     stop, out = Path(config["stop"]), Path(config["status"])
     asynchronous = config["stack"] in ("aiohttp", "httpx-async")

@@ -17,6 +17,7 @@ each proven, on an injected clock or by events, by a behaviour test:
 - one token per pattern of figure 12 with sharing: ``test_sharing.py``,
   ``test_local_store_processes.py``;
 - one span and one count per fetch: ``test_telemetry.py``;
+- figure 16's rotation with no failed query: ``test_rotating_credentials.py``;
 - figure 14's fleets sharing on a cluster, Sentinel, TLS 50 ms away and the local store:
   ``test_store_deployments.py``, ``test_local_store_processes.py``.
 """
@@ -51,6 +52,7 @@ FIGURES = (
     "12 sharing",
     "13 opentelemetry",
     "14 fleets on deployments",
+    "16 rotation",
 )
 
 # One worker runs them all (make test's --dist loadgroup): the module's fixture, a tiny

@@ -392,7 +392,7 @@ def test_four_processes_sharing_a_store_move_to_new_credentials_with_no_query_fa
     old = emulator.recent_client
     path = tmp_path / "credentials.json"
     write_json(path, old)
-    (tmp_path / "tokens").mkdir()
+    (tmp_path / "tokens").mkdir(mode=0o700)
     stop = tmp_path / "stop"
     workers = []
     try:
