@@ -52,7 +52,9 @@ def _until(condition: Any) -> bool:
     return True
 
 
-def rotation(method: str) -> dict[str, Any]:
+def rotation(
+    method: str, check_every: float = CHECK_EVERY, counted_for: float = 1.0
+) -> dict[str, Any]:
     """One rotation under load, for ``method`` (``oauth2`` or ``api_key``)."""
     with Emulator().run_in_thread() as emulator, tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
@@ -71,7 +73,7 @@ def rotation(method: str) -> dict[str, Any]:
                     "stack": stack,
                     "source": "file",
                     "path": str(path),
-                    "check_every": CHECK_EVERY,
+                    "check_every": check_every,
                     "store_url": (directory / "tokens").as_uri(),
                     "status": str(directory / f"status-{index}.json"),
                     "stop": str(stop),
@@ -91,7 +93,7 @@ def rotation(method: str) -> dict[str, Any]:
             failed_during = sum(s["failed"] for s in statuses) - failed_before
             emulator.delete_credentials(old)
             counted = [s["ok"] + s["failed"] for s in statuses]
-            time.sleep(1.0)  # the queries of one second after the deletion
+            time.sleep(counted_for)  # the queries of a while after the deletion
             after = _statuses(directory)
         finally:
             stop.touch()
@@ -103,7 +105,8 @@ def rotation(method: str) -> dict[str, Any]:
                     worker.wait()
         return {
             "processes": len(STACKS),
-            "check_every": CHECK_EVERY,
+            "check_every": check_every,
+            "after_deletion_seconds": counted_for,
             "seconds_until_all_switched": round(max(seconds), 3),
             "seconds_per_process": [round(s, 3) for s in seconds],
             "token_requests": token_requests,
@@ -115,14 +118,16 @@ def rotation(method: str) -> dict[str, Any]:
         }
 
 
-def figure() -> dict[str, Any]:
-    return {method: rotation(method) for method in ("oauth2", "api_key")}
+def figure(check_every: float = CHECK_EVERY, after: float = 1.0) -> dict[str, Any]:
+    return {method: rotation(method, check_every, after) for method in ("oauth2", "api_key")}
 
 
 def print_figure(figures: dict[str, Any]) -> None:
+    first = next(iter(figures.values()))
     print(
         f"\n16. A rotation under load: {len(STACKS)} processes (aiohttp, requests, httpx, httpx "
-        f"async), a credentials file checked every {CHECK_EVERY:g} s, OAuth2 on a local store"
+        f"async), a credentials file checked every {first['check_every']:g} s, OAuth2 on a "
+        f"local store; queries counted {first['after_deletion_seconds']:g} s after the deletion"
     )
     print(
         f"  {'method':<8} {'all switched':>13} {'token requests':>15} {'failed':>7} "

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import _budget
 import _cold
 import _deployments
 import _instructions
@@ -99,6 +100,9 @@ class Sizes:
     deployment_concurrency: int = 20
     deployments: tuple[str, ...] = _deployments.NAMES
     instructions_requests: int = 300
+    budget_seconds: float = 10.0
+    rotation_check: float = 1.0
+    rotation_after: float = 1.0
     instruction_stacks: tuple[str, ...] = _instructions.STACKS
 
 
@@ -147,6 +151,9 @@ TINY = Sizes(
     deployments=TINY_DEPLOYMENTS,
     # Figure 1's instruction counts in the tiny run: one stack (each count is a process
     # under valgrind, about 5 s).
+    budget_seconds=1.0,
+    rotation_check=0.1,
+    rotation_after=0.2,
     instructions_requests=20,
     instruction_stacks=("httpx",),
 )
@@ -1345,7 +1352,8 @@ async def _run(
             lambda: _deployments.figure(sizes, _fleet_processes, _fleet_phase),
         ),
         ("15 cold start", lambda: cold_start(sizes)),
-        ("16 rotation", _rotation.figure),
+        ("16 rotation", lambda: _rotation.figure(sizes.rotation_check, sizes.rotation_after)),
+        ("17 budget", lambda: _budget.figure(sizes.budget_seconds)),
     ]
     for name, step in steps:
         if only is None or name.startswith(only + " "):
@@ -1382,6 +1390,7 @@ def print_table(figures: dict[str, Any]) -> None:
         ),
         ("15 cold start", _print_cold_start),
         ("16 rotation", lambda figures: _rotation.print_figure(figures["16 rotation"])),
+        ("17 budget", lambda figures: _budget.print_figure(figures["17 budget"])),
     ):
         if name in figures:
             print()
@@ -1602,7 +1611,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=None, help="interleaved rounds per timed figure (default 5)"
     )
     parser.add_argument(
-        "--only", choices=[str(n) for n in range(1, 17)], help="run only this figure's number"
+        "--only", choices=[str(n) for n in range(1, 18)], help="run only this figure's number"
     )
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()

@@ -5,11 +5,13 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._core.budget import TokenBudget
     from ._core.errors import (
         ApiKeyRejectedError,
         ApiKeyRejectedHTTPError,
         ConfigurationError,
         GqlServiceAuthError,
+        TokenBudgetExceededError,
         TokenRequestError,
         UnauthenticatedError,
         UnauthenticatedHTTPError,
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from ._stacks.options import TokenOptions
     from ._stores.protocol import StoredToken, TokenIdentity, TokenStore
     from .credentials import CredentialsFile, CredentialsFiles
+    from .provider import AsyncTokenProvider, TokenProvider
     from .transports import (
         AIOHTTPTransportOptions,
         ApiKeyOptions,
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 _HOMES: dict[str, str] = {
     "AIOHTTPTransportOptions": "transports",
     "AccessToken": "_core.token",
+    "AsyncTokenProvider": "provider",
     "ApiKeyOptions": "transports",
     "ApiKeyRejectedError": "_core.errors",
     "ApiKeyRejectedHTTPError": "_core.errors",
@@ -62,6 +66,9 @@ _HOMES: dict[str, str] = {
     "TokenIdentity": "_stores.protocol",
     "TokenStore": "_stores.protocol",
     "TokenOptions": "_stacks.options",
+    "TokenProvider": "provider",
+    "TokenBudget": "_core.budget",
+    "TokenBudgetExceededError": "_core.errors",
     "TokenRequestError": "_core.errors",
     "TokenSessionArgs": "_stacks.aiohttp_token_session",
     "UnauthenticatedError": "_core.errors",
@@ -114,6 +121,7 @@ __all__ = [
     "ApiKeyRejectedError",
     "ApiKeyRejectedHTTPError",
     "ApiKeyTransport",
+    "AsyncTokenProvider",
     "AuthEvent",
     "ClientAuthMethod",
     "Clock",
@@ -129,8 +137,11 @@ __all__ = [
     "OAuth2Transport",
     "RetryPolicy",
     "StoredToken",
+    "TokenBudget",
+    "TokenBudgetExceededError",
     "TokenIdentity",
     "TokenOptions",
+    "TokenProvider",
     "TokenRequestError",
     "TokenSessionArgs",
     "TokenStore",

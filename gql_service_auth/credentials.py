@@ -34,8 +34,8 @@ __all__ = ["CredentialsCallback", "CredentialsFile", "CredentialsFiles", "Creden
 _MAX_SIZE = 64 * 1024
 """The largest credentials file read: anything bigger is not one (a wrong path)."""
 
-_ID_KEYS = frozenset({"client_id", "service_client_id"})
-_SECRET_KEYS = frozenset({"client_secret", "service_client_secret"})
+_ID_KEYS = ("client_id", "service_client_id")
+_SECRET_KEYS = ("client_secret", "service_client_secret")
 
 _FILE_CHECK_EVERY = 10.0
 
@@ -93,8 +93,15 @@ def _pair_of(text: str, path: Path) -> tuple[str, str]:
                 continue
             key, _, value = line.removeprefix("export ").partition("=")
             found[key.strip().lower()] = _value(value)
-    client_id = next((found[k] for k in _ID_KEYS if k in found), None)
-    client_secret = next((found[k] for k in _SECRET_KEYS if k in found), None)
+    ids = {found[k] for k in _ID_KEYS if k in found}
+    secrets = {found[k] for k in _SECRET_KEYS if k in found}
+    if len(ids) > 1 or len(secrets) > 1:
+        # Two names for one value, with two values: which pair is meant is a guess.
+        raise ConfigurationError(
+            f"{path} gives the Client Id or the Client Secret twice, with different values"
+        )
+    client_id = next(iter(ids), None)
+    client_secret = next(iter(secrets), None)
     if client_id is None or client_secret is None:
         raise ConfigurationError(
             f"{path} holds no client_id and client_secret: write a JSON object "
@@ -120,6 +127,9 @@ class CredentialsFile:
     """
 
     __slots__ = ("check_every", "path")
+
+    #: Its errors name a file and say what is wrong with it, never its content.
+    explains_errors = True
 
     def __init__(self, path: str | os.PathLike[str], *, check_every: float = _FILE_CHECK_EVERY):
         self.path = Path(path)
@@ -162,6 +172,9 @@ class CredentialsFiles:
     """
 
     __slots__ = ("check_every", "client_id", "client_id_file", "client_secret_file")
+
+    #: Its errors name a file and say what is wrong with it, never its content.
+    explains_errors = True
 
     def __init__(
         self,

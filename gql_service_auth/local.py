@@ -405,6 +405,38 @@ class LocalTokenStore(StoreOnItsThread):
         value = await self._run(lambda connection: db.read_failure(connection, tag, owner))
         return sealer.open(value, _aad(tag, "failed")) if isinstance(value, str) else None
 
+    # The fleet's share of token budgets (see gql_service_auth.TokenBudget): optional in
+    # the TokenStore protocol, looked up by name.
+
+    async def note_refusal(self, identity: TokenIdentity, text: str, seconds: float) -> None:
+        """Keep, ``seconds`` long and encrypted, that the token endpoint refused these
+        credentials (``text``, with no secret): other processes do not ask meanwhile."""
+        sealer = self._sealer(identity)
+        tag = sealer.tag
+        sealed = sealer.seal(text, _aad(tag, "refused"))
+        ttl = min(max(seconds, 0.001), db.MAX_TTL)
+        await self._run(lambda connection: db.note_refusal(connection, tag, sealed, ttl))
+
+    async def admit(
+        self, identity: TokenIdentity, window: float | None
+    ) -> tuple[tuple[str, float] | None, tuple[int, float] | None]:
+        """In one call: the refusal kept for these credentials, with its seconds left;
+        else, with a ``window``, one more token request counted in the window of that
+        many seconds shared by every process, with the requests counted and the window's
+        seconds left (``None`` for what does not apply)."""
+        sealer = self._sealer(identity)
+        tag = sealer.tag
+        seconds = None if window is None else min(max(window, 0.001), db.MAX_TTL)
+        refused, counted = await self._run(lambda connection: db.admit(connection, tag, seconds))
+        if refused is not None:
+            text = (
+                sealer.open(refused[0], _aad(tag, "refused"))
+                if isinstance(refused[0], str)
+                else None
+            )
+            return (None if text is None else (text, refused[1])), None
+        return None, counted
+
     # Life cycle.
 
     def _after_fork_in_child(self) -> None:

@@ -75,6 +75,9 @@ def _service_tokens_isolated() -> None:
     sharing = sys.modules.get("gql_service_auth._core.sharing")
     if sharing is not None:  # never imported: no transport built, nothing to forget
         sharing.SHARED.clear()
+    budget = sys.modules.get("gql_service_auth._core.budget")
+    if budget is not None:  # nor refusals and token budgets, counted per process
+        budget.LEDGERS.clear()
 
 
 @pytest.fixture

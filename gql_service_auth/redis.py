@@ -5,13 +5,16 @@ Needs the ``[redis]`` extra: ``pip install 'gql-service-auth[redis]'``.
 >>> store = RedisTokenStore.from_url("redis://127.0.0.1:6379/0")  # doctest: +SKIP
 >>> transport = OAuth2Transport(url, token_url=..., ..., token_store=store)  # doctest: +SKIP
 
-What Redis holds, per set of credentials, is two keys: the token, encrypted, and a lock
-taken while one process fetches. Neither says whose they are:
+What Redis holds, per set of credentials, is the token, encrypted, a lock taken while one
+process fetches, and for the token budget (see :class:`~gql_service_auth.TokenBudget`) the
+fleet's count of token requests in the current window and, after a refusal of the
+credentials, that refusal, encrypted. None says whose they are:
 
-- A key's name is ``<prefix>:{<tag>}:token`` (and ``:lock``), where the tag is an HMAC of
+- A key's name is ``<prefix>:{<tag>}:token`` (and ``:lock``, ``:spent``, ``:refused``,
+  ``:failed``), where the tag is an HMAC of
   the token URL, client id, scope, further token parameters and client authentication
   method, keyed by HKDF from the client secret (or from ``store_key``). The braces are
-  a Redis Cluster hash tag: both keys live in one slot, so the scripts run on a cluster.
+  a Redis Cluster hash tag: the keys live in one slot, so the scripts run on a cluster.
 - The token is encrypted with AES-GCM under another HKDF key from the same secret, the
   key's name as associated data, so it cannot be moved to another key unnoticed. Its
   fingerprint, for the compare-and-delete of a refused token, is an HMAC too.
@@ -20,7 +23,7 @@ So reading Redis, its backups, its replicas or ``MONITOR`` gives nothing usable;
 process that holds the client secret (and so could fetch a token itself) can read it.
 The commands used are in Redis 6.2 and Valkey alike: ``EVALSHA`` (with ``SCRIPT LOAD``),
 and in scripts ``SET PX``, ``TIME``, ``HGET``, ``HMGET``, ``HSET``, ``PTTL``,
-``PEXPIRE``, ``GET`` and ``DEL``.
+``PEXPIRE``, ``INCR``, ``GET`` and ``DEL``.
 """
 
 from __future__ import annotations
@@ -399,6 +402,36 @@ class RedisTokenStore(StoreOnItsThread):
             return None
         holder, _, sealed = _opaque(value).partition(":")
         return keys.open(sealed, keys.failed.encode()) if holder == owner else None
+
+    # The fleet's share of token budgets (see gql_service_auth.TokenBudget): optional in
+    # the TokenStore protocol, looked up by name.
+
+    async def note_refusal(self, identity: TokenIdentity, text: str, seconds: float) -> None:
+        """Keep, ``seconds`` long and encrypted, that the token endpoint refused these
+        credentials (``text``, with no secret): other processes do not ask meanwhile."""
+        keys = self._keys_of(identity)
+        sealed = keys.seal(text, keys.refused.encode())
+        milliseconds = max(int(seconds * 1000), 1)
+        await self._eval(scripts.NOTE, [keys.refused], [sealed, milliseconds])
+
+    async def admit(
+        self, identity: TokenIdentity, window: float | None
+    ) -> tuple[tuple[str, float] | None, tuple[int, float] | None]:
+        """In one round trip: the refusal kept for these credentials, with its seconds
+        left; else, with a ``window``, one more token request counted in the window of
+        that many seconds shared by every process, with the requests counted and the
+        window's seconds left (``None`` for what does not apply)."""
+        keys = self._keys_of(identity)
+        milliseconds = "" if window is None else str(max(int(window * 1000), 1))
+        value, ttl, used, left = await self._eval(
+            scripts.ADMIT, [keys.refused, keys.spent], [milliseconds]
+        )
+        if value:
+            text = keys.open(_opaque(value), keys.refused.encode())
+            return (None if text is None else (text, max(int(ttl), 0) / 1000)), None
+        if used:
+            return None, (int(used), max(int(left), 0) / 1000)
+        return None, None
 
     # Life cycle.
 

@@ -18,6 +18,8 @@ each proven, on an injected clock or by events, by a behaviour test:
   ``test_local_store_processes.py``;
 - one span and one count per fetch: ``test_telemetry.py``;
 - figure 16's rotation with no failed query: ``test_rotating_credentials.py``;
+- figure 17's wrong secret asked once, and a runaway stopped at the budget:
+  ``test_token_budget.py``;
 - figure 14's fleets sharing on a cluster, Sentinel, TLS 50 ms away and the local store:
   ``test_store_deployments.py``, ``test_local_store_processes.py``.
 """
@@ -53,6 +55,7 @@ FIGURES = (
     "13 opentelemetry",
     "14 fleets on deployments",
     "16 rotation",
+    "17 budget",
 )
 
 # One worker runs them all (make test's --dist loadgroup): the module's fixture, a tiny

@@ -455,7 +455,7 @@ async def test_the_store_directory_holds_no_client_id_secret_or_token(
     token = transport.token.value
     assert await local.save(identity, StoredToken(token + "2", 7200.0, 7200.0, "fp", 1.0))
     kinds = rows(tmp_path / "store", "SELECT kind FROM entries ORDER BY kind")
-    assert kinds == [("failed",), ("lock",), ("token",)]
+    assert kinds == [("failed",), ("lock",), ("spent",), ("token",)]
     client = live_emulator.recent_client
     needles: list[bytes] = []
     for secret in (client.client_id, client.client_secret, token, failure):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ANSWER, COUNT, NO_WAIT, in_child, poll
+from support import ANSWER, COUNT, HANG_GUARD, NO_WAIT, in_child, poll
 from ways import EVERY_WAY, Call, Way, calls
 
 from gql_service_auth import (
@@ -459,3 +459,113 @@ def test_a_forked_child_keeps_watching_its_source(
 
     code, ended = in_child(child, timeout=40)
     assert (code, ended) == (0, "ok")
+
+
+# -- sources that misbehave --------------------------------------------------------------
+
+
+def test_a_source_that_blocks_holds_up_no_other_source(
+    emulator: Emulator, credentials_file: Path
+) -> None:
+    """A callable that hangs holds its own reads: another source still rotates, and a
+    token fetch of the hung source waits a bounded time, then uses what was read last."""
+    release = threading.Event()
+    client = emulator.recent_client
+    calls_made = [0]
+
+    def hanging() -> tuple[str, str]:
+        calls_made[0] += 1
+        if calls_made[0] > 1:
+            release.wait(HANG_GUARD)
+        return client.client_id, client.client_secret
+
+    way = EVERY_WAY[0]
+    try:
+        stuck = transport_of(
+            way, "oauth2", emulator, CredentialsCallback(hanging, check_every=CHECK)
+        )
+        other = transport_of(
+            way, "api_key", emulator, CredentialsFile(credentials_file, check_every=CHECK)
+        )
+        assert way.one(stuck, Call(COUNT)) == ANSWER  # its fetch waited, then went on
+        new = emulator.create_credentials()
+        write_json(credentials_file, new)
+        assert poll(lambda: uses(way, other, emulator, new))
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt, OSError])
+def test_a_callable_that_raises_anything_is_a_failed_read(
+    emulator: Emulator, credentials_file: Path, raised: type[BaseException]
+) -> None:
+    """Even SystemExit: the last good credentials stay, the watch goes on for the others,
+    and only the exception's class is told (its message may quote what it read)."""
+    client = emulator.recent_client
+    fail = [False]
+
+    def read() -> tuple[str, str]:
+        if fail[0]:
+            raise raised(client.client_secret)
+        return client.client_id, client.client_secret
+
+    events: list[AuthEvent] = []
+    transport = OAuth2Transport(
+        emulator.graphql_url,
+        token_url=emulator.token_url,
+        credentials=CredentialsCallback(read, check_every=CHECK),
+        on_event=events.append,
+    )
+    fail[0] = True
+    assert poll(lambda: any(e.name == "credentials_source_failed" for e in events))
+    (failed,) = [e for e in events if e.name == "credentials_source_failed"]
+    assert failed.error == raised.__name__
+    assert client.client_secret not in repr(failed)
+    assert EVERY_WAY[0].one(transport, Call(COUNT)) == ANSWER
+    other = transport_of(
+        EVERY_WAY[0], "api_key", emulator, CredentialsFile(credentials_file, check_every=CHECK)
+    )
+    new = emulator.create_credentials()
+    write_json(credentials_file, new)
+    assert poll(lambda: uses(EVERY_WAY[0], other, emulator, new))
+
+
+class _Writing:
+    """A source being written: its stamp moves until ``done``."""
+
+    check_every = 0.01
+
+    def __init__(self) -> None:
+        self.stamps = iter(range(1_000_000))
+        self.done = False
+        self.pair = ("an-id", "a-secret")
+
+    def stamp(self) -> Hashable:
+        return "final" if self.done else next(self.stamps)
+
+    def read(self) -> tuple[str, str]:
+        return self.pair
+
+
+def test_a_source_is_read_once_its_stamp_holds_still() -> None:
+    """A file written in place, or two files replaced one after the other, is not read
+    half-way: a stamp that moves between two looks is looked at again later."""
+    from gql_service_auth._core.rotation import RotatingCredentials
+
+    source = _Writing()
+    credentials = RotatingCredentials(source)
+    source.pair = ("an-id", "half-a-sec")
+    assert credentials.refresh() is False  # still moving
+    assert credentials.client_secret == "a-secret"
+    source.done, source.pair = True, ("new-id", "new-secret")
+    assert credentials.refresh() is True
+    assert (credentials.client_id, credentials.client_secret) == ("new-id", "new-secret")
+
+
+def test_a_file_naming_a_value_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "credentials"
+    path.write_text(
+        "SERVICE_CLIENT_ID=old\nclient_id=new\nclient_secret=s\nSERVICE_CLIENT_SECRET=s\n"
+    )
+    with pytest.raises(ConfigurationError, match="twice, with different values"):
+        CredentialsFile(path).read()

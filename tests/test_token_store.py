@@ -218,7 +218,12 @@ async def test_redis_holds_no_client_id_secret_or_token(
             assert client.client_secret.encode() not in blob
             assert transport.token.value.encode() not in blob
             assert TOKEN_PATTERN.search(blob) is None
-    assert all(re.fullmatch(rb"gql-service-auth:\{[0-9a-f]{32}\}:token", n) for n, _ in dump)
+    # The token, and the fleet's count of token requests (see TokenBudget).
+    names = sorted(n.rpartition(b":")[2] for n, _ in dump)
+    assert names == [b"spent", b"token"]
+    assert all(
+        re.fullmatch(rb"gql-service-auth:\{[0-9a-f]{32}\}:(token|spent)", n) for n, _ in dump
+    )
 
 
 def test_the_store_shows_no_url_password_or_key(redis_server: RedisServer) -> None:
@@ -808,4 +813,4 @@ async def test_processes_with_another_store_key_do_not_interfere(
     names = [e.name for e in events]
     print(names)
     assert names == ["token_fetched", "token_fetched", "token_loaded", "token_loaded"]
-    assert len(redis_server.dump()) == 2
+    assert len([n for n, _ in redis_server.dump() if n.endswith(b":token")]) == 2

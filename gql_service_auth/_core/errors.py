@@ -5,6 +5,7 @@
     GqlServiceAuthError
     ├── ConfigurationError                 (also ValueError)
     ├── TokenRequestError                  (also gql TransportQueryError)
+    │   └── TokenBudgetExceededError
     └── UnauthenticatedError               (also gql TransportQueryError)
         ├── ApiKeyRejectedError
         │   └── ApiKeyRejectedHTTPError    (also UnauthenticatedHTTPError)
@@ -82,6 +83,8 @@ class TokenRequestError(GqlServiceAuthError, TransportQueryError):
         self.retry_after = retry_after
         self.hint = hint
         self.attempts = 1
+        #: No request went: the token budget kept it (see _core/budget.py).
+        self._not_sent = False
 
     def __str__(self) -> str:
         parts = [self.reason]
@@ -91,6 +94,23 @@ class TokenRequestError(GqlServiceAuthError, TransportQueryError):
             parts.append(f"after {self.attempts} attempts")
         message = "; ".join(parts)
         return f"{message}. {self.hint}" if self.hint else message
+
+
+class TokenBudgetExceededError(TokenRequestError):
+    """No token was requested: the credentials' token budget is spent (see
+    :class:`~gql_service_auth.TokenBudget`).
+
+    Raised to the calls that need a new token while the budget has no room; a token
+    still valid keeps serving the others. ``retry_after`` is the seconds until the window
+    has room again, in this process's count.
+
+    Attributes:
+        budget: The budget spent.
+    """
+
+    def __init__(self, reason: str, *, budget: Any, retry_after: float, hint: str) -> None:
+        super().__init__(reason, retryable=True, retry_after=retry_after, hint=hint)
+        self.budget = budget
 
 
 class UnauthenticatedError(GqlServiceAuthError, TransportQueryError):
@@ -153,6 +173,7 @@ for _public in (
     GqlServiceAuthError,
     ConfigurationError,
     TokenRequestError,
+    TokenBudgetExceededError,
     UnauthenticatedError,
     ApiKeyRejectedError,
     UnauthenticatedHTTPError,

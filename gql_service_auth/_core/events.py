@@ -25,6 +25,7 @@ EventName: TypeAlias = Literal[
     "request_retry_scheduled",
     "credentials_changed",
     "credentials_source_failed",
+    "token_budget_exhausted",
 ]
 """What happened; the log record's message starts with ``"gql_service_auth." + name``."""
 
@@ -53,7 +54,9 @@ class AuthEvent:
             ``credentials_changed`` (credentials read from a source that can change, such
             as a mounted file, changed: they are used from now on),
             ``credentials_source_failed`` (such a source could not be read: the
-            credentials read last stay in use; said once until a read succeeds).
+            credentials read last stay in use; said once until a read succeeds),
+            ``token_budget_exhausted`` (a token was needed, and none was requested: the
+            credentials' token budget is spent for ``wait`` more seconds).
         reason: Why the token was fetched: ``"initial"`` (first token), ``"expiring"``
             (renewal ahead of expiry, in the background while the token stays in use),
             ``"expired"`` (no usable token was left, so requests waited for this one) or
@@ -122,6 +125,7 @@ _LEVELS: dict[EventName, int] = {
     "request_retry_scheduled": logging.INFO,
     "credentials_changed": logging.INFO,
     "credentials_source_failed": logging.WARNING,
+    "token_budget_exhausted": logging.WARNING,
 }
 
 

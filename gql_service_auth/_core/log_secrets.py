@@ -32,14 +32,18 @@ LOGGERS: Final = (
     "gql.transport.aiohttp",
     "gql.transport.requests",
     "gql.transport.httpx",
+    # gql's websocket transports (their messages: connection_init carries the token a
+    # TokenProvider gave them).
+    "gql.transport.common.base",
     *(
         f"{core}.{part}"
         for core in ("httpcore", "httpcore2")
         for part in ("http11", "http2", "connection", "proxy", "socks")
     ),
 )
-"""The loggers that record answers at DEBUG: gql's transports', and httpcore's (httpx's
-core; httpcore2 for httpx2), which log each answer's headers. A filter acts only on the
+"""The loggers that record answers at DEBUG: gql's transports' (its websocket ones log
+every message both ways), and httpcore's (httpx's core; httpcore2 for httpx2), which log
+each answer's headers. A filter acts only on the
 records of the logger it is on, not of its children: each is named."""
 
 

@@ -11,6 +11,7 @@ the watcher notices starts a renewal in the background (``TokenManager.renew_soo
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import weakref
 from collections.abc import Callable
@@ -28,6 +29,10 @@ from .token import TokenFetcher, TokenResponse
 
 if TYPE_CHECKING:
     from .tokens import TokenManager
+
+READ_WAIT = 2.0
+"""Seconds a token fetch waits for its read of the credentials before it goes on with the
+ones read last."""
 
 _KEPT = 2
 """Grants and store levels kept, by credentials: the ones in use, and the ones before
@@ -104,10 +109,15 @@ class RotatingSource:
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
 
-    def _refresh(self, *, force: bool) -> bool:
+    async def _refresh(self, *, force: bool) -> bool:
+        """Read the credentials on a thread of their own, waiting ``READ_WAIT`` at most: a
+        source that hangs costs a fetch that much, and the credentials read last go."""
         self._reading = True
         try:
-            return self._credentials.refresh(force=force)
+            read = asyncio.wrap_future(self._credentials.read_soon(force=force))
+            return await asyncio.wait_for(asyncio.shield(read), READ_WAIT)
+        except asyncio.TimeoutError:
+            return False
         finally:
             self._reading = False
 
@@ -123,14 +133,14 @@ class RotatingSource:
     ) -> tuple[TokenResponse, Origin | None]:
         """A token of the credentials read now; ``fetch``, the manager's, is not used: each
         pair of credentials has a grant of its own."""
-        self._refresh(force=False)
+        await self._refresh(force=False)
         grant, source = self._of(self._credentials.current)
         try:
             return await source.obtain(grant, **kwargs)
         except TokenRequestError as error:
             # Refused credentials may have been replaced since the last check: read
             # them now, and ask once more if they changed.
-            if error.error != "invalid_client" or not self._refresh(force=True):
+            if error.error != "invalid_client" or not await self._refresh(force=True):
                 raise
         grant, source = self._of(self._credentials.current)
         return await source.obtain(grant, **kwargs)

@@ -25,13 +25,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable
+from concurrent.futures import Future
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from . import fork as _fork
-from .constants import LOGGER_NAME
 from .credentials import ClientCredentials
 from .errors import ConfigurationError
-from .events import AuthEvent, Emitter, logger
+from .events import AuthEvent, Emitter
 
 
 @runtime_checkable
@@ -60,6 +60,9 @@ class CredentialsSource(Protocol):
         check reads."""
         ...
 
+
+SETTLE = 0.5
+"""Seconds a changed stamp must hold still before the source is read (see refresh)."""
 
 CALLBACK_CHECK_EVERY = 60.0
 """Seconds between two calls of a credentials callback by the watcher, by default."""
@@ -156,9 +159,12 @@ def credentials_of(
     return RotatingCredentials(credentials, emit)
 
 
-def _why(exc: BaseException) -> str:
-    """What a failed read says, without anything that could be the secret: a file's
-    error and name, our own messages; of anything else, only its class."""
+def _why(exc: BaseException, source: object) -> str:
+    """What a failed read says, without anything that could be the secret: of the
+    package's own file sources, a file's error and name and their messages; of anything
+    else (a callable's exception may quote what it read), only the class."""
+    if not getattr(source, "explains_errors", False):
+        return type(exc).__name__
     if isinstance(exc, OSError):
         name = f" ({exc.filename})" if exc.filename else ""
         return f"{type(exc).__name__}: {exc.strerror or 'failed'}{name}"
@@ -185,11 +191,13 @@ class RotatingCredentials:
         "__weakref__",
         "_emit",
         "_failing",
+        "_in_flight",
         "_listeners",
         "_lock",
         "_pair",
         "_source",
         "_stamp",
+        "_state",
         "next_check",
         "version",
     )
@@ -211,9 +219,13 @@ class RotatingCredentials:
             raise ConfigurationError("the credentials source's check_every must be seconds > 0")
         self._source = source
         self._emit = emit or Emitter(None)
+        #: Held while the source is read (which may block); _state, a moment at a time.
         self._lock = threading.Lock()
+        self._state = threading.Lock()
         self._listeners: list[Callable[[], Callable[[], None] | None]] = []
         self._failing = False
+        #: The read under way on a thread of its own, if any (see read_soon).
+        self._in_flight: Future[bool] | None = None
         #: Incremented at each change of the credentials read.
         self.version = 0
         why = ""
@@ -221,7 +233,7 @@ class RotatingCredentials:
             self._stamp = source.stamp()
             self._pair = _pair(source.read())
         except Exception as exc:
-            why = _why(exc)
+            why = _why(exc, source)
         if why:
             # Raised here, out of the except block: the source's error (a decoder's, a
             # callable's careless message) may hold the secret, and is no context of ours.
@@ -270,16 +282,25 @@ class RotatingCredentials:
             ref = weakref.WeakMethod(listener)
         else:
             ref = lambda: listener  # noqa: E731
-        with self._lock:
+        with self._state:
             self._listeners.append(ref)
 
     def refresh(self, *, force: bool = False) -> bool:
         """Read the source if its stamp changed (or ``force``); whether the credentials
         changed. A failed read keeps the last good credentials and says so once, until a
-        read succeeds again. Blocks: call it from a thread of the package's own."""
+        read succeeds again. Blocks: call it from a thread of the package's own.
+
+        A stamp that changed is taken again a moment later (:data:`SETTLE`, or the
+        period if shorter), and the source read once it holds still: a file written in
+        place, or two files replaced one after the other, is not read half-way. A forced
+        read (after a refusal) reads at once.
+        """
+        if not force and not self._settled():
+            return False
         with self._lock:
-            event = self._read(force)
-            changed = event is not None and event.name == "credentials_changed"
+            event = self._read()
+        changed = event is not None and event.name == "credentials_changed"
+        with self._state:
             listeners = [ref() for ref in self._listeners] if changed else []
             self._listeners = [ref for ref in self._listeners if ref() is not None]
         # Told outside the lock: a hook or a listener may read the credentials again. The
@@ -292,28 +313,66 @@ class RotatingCredentials:
         return changed
 
     def check_soon(self) -> None:
-        """Have the watcher read the source at once, whatever its stamp says (the service
-        refused the key: the source may have changed in a way its stamp misses)."""
-        WATCHER.soon(self)
+        """Have the source read at once, whatever its stamp says (the service refused the
+        key: the source may have changed in a way its stamp misses)."""
+        self.read_soon(force=True)
 
-    def _read(self, force: bool) -> AuthEvent | None:
-        """Read the source if it may have changed; what to tell of it, if anything.
-        Called with the lock held."""
+    def read_soon(self, *, force: bool = False) -> Future[bool]:
+        """:meth:`refresh` on a thread of its own; whether the credentials changed.
+
+        A source that blocks (a secret manager that hangs) holds that thread only, never
+        the watcher or a token fetch, which wait for it a bounded time; while it reads,
+        callers join that read rather than start another.
+        """
+        with self._state:
+            running = self._in_flight
+            if running is not None and not running.done():
+                return running
+            future: Future[bool] = Future()
+            self._in_flight = future
+
+        def read() -> None:
+            try:
+                future.set_result(self.refresh(force=force))
+            except BaseException:  # a listener's bug, or a source's SystemExit
+                # Told as a failed read; never printed by the thread's excepthook, whose
+                # traceback would show a careless message.
+                future.set_result(False)
+
+        threading.Thread(
+            target=read, name="gql-service-auth-credentials-read", daemon=True
+        ).start()
+        return future
+
+    def _settled(self) -> bool:
+        """Whether the source is to be read: no stamp, or a stamp that changed and then
+        held still for a moment. A stamp that fails is a change: the read says why."""
+        try:
+            stamp = self._source.stamp()
+            if stamp is None:
+                return True
+            if stamp == self._stamp:
+                return False
+            time.sleep(min(SETTLE, float(self._source.check_every)))
+            return bool(self._source.stamp() == stamp)
+        except BaseException:  # told by the read that follows
+            return True
+
+    def _read(self) -> AuthEvent | None:
+        """Read the source; what to tell of it, if anything. Called with the lock held."""
         before = self._pair
         try:
             stamp = self._source.stamp()
-            if stamp is not None and stamp == self._stamp and not force:
-                return None
             pair = _pair(self._source.read())
-        except Exception as exc:
+        except BaseException as exc:  # any failure (SystemExit too) keeps the last good pair
             if self._failing:
                 return None
             self._failing = True
             return AuthEvent(
                 "credentials_source_failed",
                 error=type(exc).__name__,
-                detail=f"{self._source!r}: {_why(exc)}; the credentials read last "
-                f"(client_id={before.client_id}) stay in use",
+                detail=f"{self._source!r}: {_why(exc, self._source)}; the credentials read "
+                f"last (client_id={before.client_id}) stay in use",
             )
         self._failing = False
         self._stamp = stamp
@@ -328,7 +387,10 @@ class RotatingCredentials:
         )
 
     def _after_fork_in_child(self) -> None:
-        self._lock = threading.Lock()  # the watcher may have held it at the fork
+        # A reading thread may have held them at the fork; it is not in the child.
+        self._lock = threading.Lock()
+        self._state = threading.Lock()
+        self._in_flight = None
 
 
 def _pair(read: object) -> ClientCredentials:
@@ -411,10 +473,8 @@ class _Watcher:
             for credentials, forced in due:
                 period = float(credentials.source.check_every)
                 credentials.next_check = time.monotonic() + period
-                try:
-                    credentials.refresh(force=forced)
-                except Exception:  # a listener's bug must not end the watch
-                    logger.exception("%s.credentials_listener_failed", LOGGER_NAME)
+                # On a thread of its own: one source that blocks holds up no other.
+                credentials.read_soon(force=forced)
             del due, credentials
 
     def _after_fork_in_child(self) -> None:

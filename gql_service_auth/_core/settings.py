@@ -15,6 +15,7 @@ from yarl import URL
 
 from .._stores.protocol import TokenIdentity, TokenStore
 from . import fork as _fork
+from .budget import DEFAULT_BUDGET, GuardedFetch, TokenBudget, credentials_key
 from .config import check_seconds, endpoint_or_env
 from .constants import (
     ENV_AUTH_URL,
@@ -154,6 +155,7 @@ def token_manager(
     token_store: TokenStore | None,
     share: bool,
     api_url: str | URL | None,
+    budget: TokenBudget | None = DEFAULT_BUDGET,
 ) -> TokenManager:
     """The token manager of one transport: the grant, and the shared store under it.
 
@@ -181,6 +183,7 @@ def token_manager(
         token_store=token_store,
         refresh_margin=float(refresh_margin),
         default_expires_in=float(default_expires_in),
+        budget=budget,
     )
 
     def build() -> TokenManager:
@@ -265,18 +268,25 @@ def _grant_and_source(
     token_store: TokenStore | None,
     refresh_margin: float,
     default_expires_in: float,
-) -> tuple[ClientCredentialsGrant, TokenSource]:
-    """The grant of ``credentials``, and where their tokens come from: the endpoint, or the
-    store's entry of their identity in front of it. Module-level: a copy pickles it."""
-    grant = ClientCredentialsGrant(
-        token_url,
-        credentials,
-        scope=scope,
-        extra_params=params,
-        auth_method=auth_method,
-        policy=policy,
-        post=post,
-        emit=emit,
+    budget: TokenBudget | None,
+) -> tuple[GuardedFetch, TokenSource]:
+    """The grant of ``credentials`` behind their budget, and where their tokens come from:
+    the endpoint, or the store's entry of their identity in front of it. Module-level: a
+    copy pickles it."""
+    grant = GuardedFetch(
+        ClientCredentialsGrant(
+            token_url,
+            credentials,
+            scope=scope,
+            extra_params=params,
+            auth_method=auth_method,
+            policy=policy,
+            post=post,
+            emit=emit,
+        ),
+        credentials_key(str(token_url), credentials.client_id, credentials.client_secret),
+        budget,
+        emit,
     )
     if token_store is None:
         return grant, machinery.endpoint

@@ -129,8 +129,9 @@ class SharingKey:
         """What this key's refusals are remembered by, once its manager is gone."""
         # Every field of the identity, the secret included, so that another secret never
         # goes on from this one's pause; keyed, so that the digest reveals none of them.
-        # (A source of credentials that can change is named by its repr: a file's path.)
-        fields = json.dumps(astuple(self.identity), default=repr).encode()
+        # A source of credentials that can change is named by its repr and hash: equal
+        # sources (one file) share a pause, two callables of one name do not.
+        fields = json.dumps(astuple(self.identity), default=_named).encode()
         digest = hashlib.blake2b(fields, key=_DIGEST_KEY).hexdigest()
         return PauseKey(self.api, digest, self.policy, self.clock)
 
@@ -171,6 +172,14 @@ def api_endpoint(url: str | URL | None, *, path: bool = True) -> str | None:
     if not parsed.is_absolute():
         return str(parsed.with_query(None).with_fragment(None))
     return f"{parsed.origin()}{parsed.raw_path if path else ''}"
+
+
+def _named(source: object) -> str:
+    """A source of credentials in a pause key's digest."""
+    try:
+        return f"{source!r}#{hash(source)}"
+    except TypeError:
+        return f"{source!r}@{id(source)}"
 
 
 class SharedTokens:

@@ -133,6 +133,11 @@ class _Instruments:
             "{request}",
             "Refused GraphQL requests sent again with a renewed token",
         )
+        self.budget_exhausted = counter(
+            "token.budget_exhausted",
+            "{fetch}",
+            "Token fetches not made: the credentials' token budget was spent",
+        )
         self.store_loads = counter(
             "store.loads", "{token}", "Tokens read from the shared token store instead of fetched"
         )
@@ -316,6 +321,8 @@ def _count(instruments: _Instruments, event: Event) -> None:
         instruments.refusals.add(1)
     elif name == "request_retry_scheduled":
         instruments.resends.add(1)
+    elif name == "token_budget_exhausted":
+        instruments.budget_exhausted.add(1)
 
 
 def _note(span: Any, event: Event) -> None:

@@ -536,16 +536,20 @@ class TokenManager:
             # Events go out before the outcome is published, so a caller that has its
             # token or its error can count on the hook having seen the fetch.
             try:
-                self._emit(
-                    failure_event(
-                        flight.reason,
-                        exc,
-                        error,
-                        duration=time.monotonic() - began,
-                        renewal=self._renewal_failed(flight),
-                        max_attempts=self._max_attempts,
+                renewal = self._renewal_failed(flight)
+                # A fetch the budget kept from going (see _core/budget.py) was told once,
+                # there: a wave of callers meeting it a thousand times logs nothing more.
+                if not (isinstance(error, TokenRequestError) and error._not_sent):
+                    self._emit(
+                        failure_event(
+                            flight.reason,
+                            exc,
+                            error,
+                            duration=time.monotonic() - began,
+                            renewal=renewal,
+                            max_attempts=self._max_attempts,
+                        )
                     )
-                )
             finally:
                 self._land(flight, None, error)
             if not isinstance(exc, Exception):

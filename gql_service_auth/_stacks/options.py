@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, TypedDict
 
 from yarl import URL
 
+from .._core.budget import DEFAULT_BUDGET, TokenBudget
 from .._core.config import check_url
 from .._core.constants import DEFAULT_EXPIRES_IN, DEFAULT_MAX_RENEWALS, DEFAULT_REFRESH_MARGIN
 from .._core.errors import ConfigurationError
@@ -98,6 +99,12 @@ class TokenOptions(TypedDict, total=False):
             ``(client_id, client_secret)``. Read again when they may have changed; a
             token of the old credentials stays in use until one of the new lands (see
             docs/rotating-credentials.md).
+        token_budget: The most token requests these credentials may cost in a window,
+            counted across the process and, with ``token_store``, the fleet, and how long
+            no request goes after the token endpoint refused them (see
+            :class:`~gql_service_auth.TokenBudget`; the default one when left out).
+            ``None`` sets no ceiling; refused credentials are still not asked again at
+            once. See docs/token-budget.md.
     """
 
     scope: str | Sequence[str] | None
@@ -115,6 +122,7 @@ class TokenOptions(TypedDict, total=False):
     token_store: TokenStore | None
     share_tokens: bool
     credentials: CredentialsGiven | None
+    token_budget: TokenBudget | None
 
 
 # Shown where users import it from, as the errors are (see _core/errors.py).
@@ -156,6 +164,15 @@ def _check_kinds(options: TokenOptions) -> None:
     share = options.get("share_tokens", True)
     if not isinstance(share, bool):
         raise ConfigurationError(f"share_tokens must be a bool, not {type(share).__name__}")
+
+
+def _budget(options: TokenOptions) -> TokenBudget | None:
+    budget = options.get("token_budget", DEFAULT_BUDGET)
+    if budget is not None and not isinstance(budget, TokenBudget):
+        raise ConfigurationError(
+            f"token_budget must be a TokenBudget or None, not {type(budget).__name__}"
+        )
+    return budget
 
 
 def oauth2_settings(
@@ -227,6 +244,7 @@ def oauth2_settings(
         clock=options.get("clock"),
         token_store=token_store,
         share=options.get("share_tokens", True),
+        budget=_budget(options),
     )
     return OAuth2Settings(
         credentials,

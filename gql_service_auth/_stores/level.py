@@ -42,9 +42,18 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._core import fork as _fork
+from .._core.budget import (
+    LEDGERS,
+    GuardedFetch,
+    refusal_from,
+    refusal_text,
+    refuses_credentials,
+    remembered,
+    spent,
+)
 from .._core.constants import (
     MAX_SERVER_TEXT,
     STORE_LOCK_TTL,
@@ -152,6 +161,19 @@ def _failure_error(text: str) -> TokenRequestError:
             retryable=True,
         )
     return error
+
+
+def _pair(value: object, first: type) -> tuple[Any, float] | None:
+    """``(value, seconds)`` as a store's optional budget calls answer, or ``None`` for
+    anything else: a store of another shape counts for nothing, and fails no fetch."""
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        return None
+    head, seconds = value
+    if not isinstance(head, first) or isinstance(head, bool):
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        return None
+    return head, min(float(seconds), 366 * 24 * 3600.0)
 
 
 class TokenSource(Protocol):
@@ -372,13 +394,21 @@ class SharedLevel:
                     finally:
                         await releasing
                 return await fetch(), None
+            guard = fetch if isinstance(fetch, GuardedFetch) else None
+            if guard is not None:
+                await self._fleet_admits(guard)
             started = time.monotonic()
             try:
                 response = await self._fetch_holding(fetch, owner)
             except TokenRequestError as failed:
                 lock.sent = False
                 # Only a failure every process would meet is shared (the endpoint down or
-                # hung); one of credentials (a secret being rotated, with store_key) is not.
+                # hung); one of credentials (a secret being rotated, with store_key) is not
+                # handed to the waiters, whose credentials may differ: a refusal is kept
+                # by the identity, which has the secret in it (_fleet_refused).
+                # Kept before the lock goes: a waiter that takes it reads the refusal.
+                if guard is not None:
+                    await self._fleet_refused(guard, failed)
                 await self._release(owner, _describe(failed) if failed.retryable else None)
                 raise
             await self._save(response, started, replacing)
@@ -386,6 +416,47 @@ class SharedLevel:
         finally:
             if lock.sent:
                 await self._release(owner)
+
+    async def _fleet_admits(self, guard: GuardedFetch) -> None:
+        """Raise the refusal another process of the fleet was told, or the budget's error
+        once the fleet spent it; count this fetch in the fleet's window. A store without
+        these calls (optional in the protocol), or one failing, leaves the process's own
+        count alone in charge."""
+        store, identity, budget = self._store, self._identity, guard.budget
+        if not callable(getattr(store, "admit", None)):
+            return
+        window = None if budget is None else budget.window
+        try:
+            # One call, one round trip: a Redis far away costs a fetch one more, not two.
+            answer = await self._call(lambda: store.admit(identity, window))  # type: ignore[attr-defined]
+        except StoreUnavailable as error:
+            self._failed(error)
+            return
+        found, counted = answer if isinstance(answer, tuple) and len(answer) == 2 else (None, None)
+        found, counted = _pair(found, str), _pair(counted, int)
+        refusal = None if found is None else refusal_from(found[0], identity.client_secret)
+        if found is not None and refusal is not None:
+            LEDGERS.of(guard.key).hold(refusal, guard.clock() + found[1])
+            raise remembered(refusal, found[1], elsewhere=True)
+        if budget is not None and counted is not None and counted[0] > budget.requests:
+            denied = spent(budget, counted[1], int(counted[0]) - 1)
+            guard.tell_denied(denied)
+            raise denied
+
+    async def _fleet_refused(self, guard: GuardedFetch, failed: TokenRequestError) -> None:
+        """Keep a refusal of the credentials in the store, for the back-off this process
+        keeps it: the other processes do not ask meanwhile."""
+        store, identity = self._store, self._identity
+        wait = LEDGERS.of(guard.key).refused_for(guard.clock())
+        if not refuses_credentials(failed) or wait <= 0:
+            return
+        if not callable(getattr(store, "note_refusal", None)):
+            return
+        text = refusal_text(failed, identity.client_secret)
+        try:
+            await self._call(lambda: store.note_refusal(identity, text, wait))  # type: ignore[attr-defined]
+        except StoreUnavailable as error:
+            self._failed(error)
 
     async def _read_or_lock(
         self,

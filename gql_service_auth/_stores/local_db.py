@@ -241,6 +241,43 @@ def read_failure(connection: sqlite3.Connection, tag: str, owner: str) -> Any:
     return row[1]
 
 
+def note_refusal(connection: sqlite3.Connection, tag: str, sealed: str, ttl: float) -> None:
+    """Keep a refusal of the credentials (sealed) ``ttl`` seconds, for the fleet."""
+    with _writing(connection):
+        _put(connection, tag, "refused", ttl, value=sealed)
+
+
+def admit(
+    connection: sqlite3.Connection, tag: str, window: float | None
+) -> tuple[tuple[Any, float] | None, tuple[int, float] | None]:
+    """The sealed refusal kept and its seconds left; else, with a ``window``, one more
+    token request counted (see :func:`_spend`). ``None`` for what does not apply."""
+    row = _get(connection, tag, "refused")
+    left = 0.0 if row is None else _left(row, _now())
+    if row is not None and left > 0:
+        return (row[1], left), None
+    return None, (None if window is None else _spend(connection, tag, window))
+
+
+def _spend(connection: sqlite3.Connection, tag: str, window: float) -> tuple[int, float]:
+    """Count one token request in the current window (one starts with the first request
+    after the last ended); the requests counted in it, and its seconds left."""
+    with _writing(connection):
+        row = _get(connection, tag, "spent")
+        left = 0.0 if row is None else _left(row, _now())
+        try:
+            count = int(row[0]) + 1 if row is not None and left > 0 else 1
+        except (TypeError, ValueError):  # a damaged entry: a new window
+            count = 1
+        if count == 1:
+            _put(connection, tag, "spent", window, owner="1")
+            return 1, window
+        connection.execute(
+            "UPDATE entries SET owner = ? WHERE tag = ? AND kind = 'spent'", (str(count), tag)
+        )
+        return count, left
+
+
 def _prepare(connection: sqlite3.Connection) -> None:
     """Check that the database is this store's, making an empty one so.
 

@@ -21,7 +21,8 @@ from redis.asyncio.cluster import RedisCluster
 from .redis_clients import Client
 
 ACL_COMMANDS = (
-    "+select +set +evalsha +eval +script|load +time +hget +hmget +hset +pttl +pexpire +get +del"
+    "+select +set +evalsha +eval +script|load +time +hget +hmget +hset +pttl +pexpire +incr "
+    "+get +del"
 )
 """What the store runs (its scripts included), for an ACL line with ``~<prefix>:*``."""
 

@@ -16,13 +16,15 @@ __all__ = ["Keys", "hkdf"]
 class Keys:
     """The names and keys of one identity; never shown."""
 
-    __slots__ = ("_sealer", "aad", "failed", "lock", "token")
+    __slots__ = ("_sealer", "aad", "failed", "lock", "refused", "spent", "token")
 
     def __init__(self, identity: TokenIdentity, material: bytes, prefix: str) -> None:
         self._sealer = sealer = Sealer(identity, material)
         self.token = f"{prefix}:{{{sealer.tag}}}:token"
         self.lock = f"{prefix}:{{{sealer.tag}}}:lock"
         self.failed = f"{prefix}:{{{sealer.tag}}}:failed"
+        self.refused = f"{prefix}:{{{sealer.tag}}}:refused"
+        self.spent = f"{prefix}:{{{sealer.tag}}}:spent"
         self.aad = self.token.encode()
 
     def __repr__(self) -> str:

@@ -55,3 +55,23 @@ return 0
 GET: Final = """
 return redis.call('GET', KEYS[1])
 """
+
+NOTE: Final = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+ADMIT: Final = """
+local refused = redis.call('GET', KEYS[1])
+if refused then
+  return {refused, redis.call('PTTL', KEYS[1]), false, false}
+end
+if ARGV[1] == '' then
+  return {false, false, false, false}
+end
+local used = redis.call('INCR', KEYS[2])
+if used == 1 or redis.call('PTTL', KEYS[2]) < 0 then
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+end
+return {false, false, used, redis.call('PTTL', KEYS[2])}
+"""

@@ -34,7 +34,7 @@ from .._core.constants import (
     TOKEN_PATH,
     UNAUTHENTICATED,
 )
-from . import _schema
+from . import _schema, _websocket
 from ._schema import UploadedFile
 
 
@@ -164,6 +164,8 @@ class Counters:
     graphql_requests: int = 0
     unauthenticated_responses: int = 0
     mutations_run: int = 0
+    websocket_connections: int = 0
+    """Websocket connections initialised on ``/graphql`` (``graphql-transport-ws``)."""
     deleted_credentials_used: int = 0
     """Requests that carried deleted credentials, or a token issued to them (refused)."""
 
@@ -456,6 +458,7 @@ class Emulator:
         """The ``aiohttp.web`` application, for embedding in a server of your own."""
         app = web.Application()
         app.router.add_post(GRAPHQL_PATH, self._graphql)
+        app.router.add_get(GRAPHQL_PATH, self._websocket)
         app.router.add_post(TOKEN_PATH, self._token)
         app.router.add_get(COUNTERS_PATH, self._counters)
         return app
@@ -696,6 +699,20 @@ class Emulator:
             results = [await self._execute(item) for item in payload]
             return web.json_response(results)
         return web.json_response(await self._execute(payload))
+
+    async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        return await _websocket.serve(
+            request, self._authenticate, self._ws_execute, self._count_ws
+        )
+
+    async def _ws_execute(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        self.counters.graphql_requests += 1  # an operation over the websocket is one too
+        return await self._execute(payload)
+
+    def _count_ws(self, accepted: bool) -> None:
+        self.counters.websocket_connections += 1
+        if not accepted:
+            self.counters.unauthenticated_responses += 1
 
     def _authenticate(self, header: str | None) -> str | None:
         """``None`` when the header is accepted, else the refusal's message."""
