@@ -20,6 +20,9 @@ from gql.transport.exceptions import TransportConnectionFailed
 from gql_service_auth import AsyncTokenProvider
 from gql_service_auth.emulator import environ_or_emulator
 
+REFUSED = (4401, 4403)
+"""Close codes of graphql-transport-ws that refuse the connection's authorization."""
+
 QUERY = gql("query { carriers(first: 2) { edges { node { id name } } } }")
 
 
@@ -35,15 +38,16 @@ class TokenWebsocketsTransport(AIOHTTPWebsocketsTransport):
         self.init_payload = {"Authorization": authorization}
         try:
             await super().connect()
-        except TransportConnectionFailed as exc:
+        except TransportConnectionFailed:
+            # A server refusing the token closes with 4403 (or 4401) before connection_ack;
+            # gql reports any close so: the code tells a refusal from a restart or a proxy.
+            websocket = getattr(self.adapter, "websocket", None)
+            refused = getattr(websocket, "close_code", None) in REFUSED
             # gql leaves a transport that failed in connection_init marked connected:
             # closed, so that the next connect (a reconnecting session's) runs.
             await self.close()
-            if exc.__cause__ is None:
-                # Closed by the server before connection_ack: a server refusing the token
-                # closes with 4403, which gql reports so. The next connect renews it. (A
-                # network failure has a cause, and keeps the token.)
-                self.provider.refused(authorization)
+            if refused:
+                self.provider.refused(authorization)  # the next connect renews it
             raise
         self.provider.accepted(authorization)  # connection_ack: the token works
 

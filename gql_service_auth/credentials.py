@@ -67,34 +67,36 @@ def _value(text: str) -> str:
     return text
 
 
-def _json(text: str) -> object:
-    """``text`` decoded, or ``None`` when it is no JSON."""
+def _json(text: str) -> list[tuple[str, object]] | None:
+    """The members of the JSON object ``text``, in order, names repeated as they come;
+    ``None`` when it is no JSON object."""
     try:
-        return json.loads(text)
+        members = json.loads(text, object_pairs_hook=list)
     except ValueError:
         return None
+    return members if isinstance(members, list) else None
 
 
 def _pair_of(text: str, path: Path) -> tuple[str, str]:
     """The Client Id and Secret in ``text``: a JSON object, or ``KEY=value`` lines."""
-    found: dict[str, str] = {}
+    pairs: list[tuple[str, object]] = []
     stripped = text.strip()
     if stripped.startswith("{"):
-        data = _json(stripped)
-        if data is None:
+        members = _json(stripped)
+        if members is None:
             # Raised out of the decoder's except block: its error holds the whole document.
             raise ConfigurationError(f"{path} is not valid JSON")
-        if isinstance(data, dict):
-            found = {k.lower(): v for k, v in data.items() if isinstance(v, str)}
+        pairs = members
     else:
         for line in stripped.splitlines():
             line = line.strip()
             if not line or line.startswith("#") or "=" not in line:
                 continue
             key, _, value = line.removeprefix("export ").partition("=")
-            found[key.strip().lower()] = _value(value)
-    ids = {found[k] for k in _ID_KEYS if k in found}
-    secrets = {found[k] for k in _SECRET_KEYS if k in found}
+            pairs.append((key.strip(), _value(value)))
+    # Every spelling of each name, every time it comes: two values are a guess, refused.
+    ids = {v for k, v in pairs if k.lower() in _ID_KEYS and isinstance(v, str)}
+    secrets = {v for k, v in pairs if k.lower() in _SECRET_KEYS and isinstance(v, str)}
     if len(ids) > 1 or len(secrets) > 1:
         # Two names for one value, with two values: which pair is meant is a guess.
         raise ConfigurationError(

@@ -107,6 +107,12 @@ def _aad(tag: str, kind: str) -> bytes:
     return f"gql-service-auth:local:{tag}:{kind}".encode()
 
 
+def _refused(sealer: Sealer, identity: TokenIdentity) -> str:
+    """The kind of entry of a refusal of ``identity``'s secret: with ``store_key``, the
+    secrets of a client id share a tag, and one's refusal is no other's."""
+    return "refused:" + sealer.fingerprint(identity.client_secret)[:16]
+
+
 class _Running:
     """What a store runs on: its thread, and the database used there."""
 
@@ -412,10 +418,10 @@ class LocalTokenStore(StoreOnItsThread):
         """Keep, ``seconds`` long and encrypted, that the token endpoint refused these
         credentials (``text``, with no secret): other processes do not ask meanwhile."""
         sealer = self._sealer(identity)
-        tag = sealer.tag
+        tag, kind = sealer.tag, _refused(sealer, identity)
         sealed = sealer.seal(text, _aad(tag, "refused"))
         ttl = min(max(seconds, 0.001), db.MAX_TTL)
-        await self._run(lambda connection: db.note_refusal(connection, tag, sealed, ttl))
+        await self._run(lambda connection: db.note_refusal(connection, tag, kind, sealed, ttl))
 
     async def admit(
         self, identity: TokenIdentity, window: float | None
@@ -425,9 +431,11 @@ class LocalTokenStore(StoreOnItsThread):
         many seconds shared by every process, with the requests counted and the window's
         seconds left (``None`` for what does not apply)."""
         sealer = self._sealer(identity)
-        tag = sealer.tag
+        tag, kind = sealer.tag, _refused(sealer, identity)
         seconds = None if window is None else min(max(window, 0.001), db.MAX_TTL)
-        refused, counted = await self._run(lambda connection: db.admit(connection, tag, seconds))
+        refused, counted = await self._run(
+            lambda connection: db.admit(connection, tag, kind, seconds)
+        )
         if refused is not None:
             text = (
                 sealer.open(refused[0], _aad(tag, "refused"))

@@ -19,6 +19,7 @@ ahead of expiry in the background, a refused token dropped and renewed, the toke
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -218,10 +219,10 @@ async def _on_worker_thread(get: Callable[[], _T]) -> _T:
     import anyio.to_thread
 
     own = anyio.CapacityLimiter(1)
-    try:
+    if "abandon_on_cancel" in inspect.signature(anyio.to_thread.run_sync).parameters:
         return await anyio.to_thread.run_sync(get, abandon_on_cancel=True, limiter=own)
-    except TypeError:  # anyio before 4.1, which gql allows, named it cancellable
-        return await anyio.to_thread.run_sync(get, cancellable=True, limiter=own)
+    # anyio before 4.1, which gql allows, named it cancellable.
+    return await anyio.to_thread.run_sync(get, cancellable=True, limiter=own)
 
 
 for _public in (TokenProvider, AsyncTokenProvider):

@@ -91,6 +91,12 @@ def _opaque(value: bytes | str) -> str:
     return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
 
 
+def _refused(keys: Keys, identity: TokenIdentity) -> str:
+    """The key of a refusal of ``identity``'s secret: with ``store_key``, the secrets of a
+    client id share the other keys, and one's refusal is no other's."""
+    return f"{keys.refused}:{keys.fingerprint(identity.client_secret)[:16]}"
+
+
 class RedisTokenStore(StoreOnItsThread):
     """A :class:`~gql_service_auth.TokenStore` on Redis, Redis Cluster, Sentinel or Valkey.
 
@@ -412,7 +418,7 @@ class RedisTokenStore(StoreOnItsThread):
         keys = self._keys_of(identity)
         sealed = keys.seal(text, keys.refused.encode())
         milliseconds = max(int(seconds * 1000), 1)
-        await self._eval(scripts.NOTE, [keys.refused], [sealed, milliseconds])
+        await self._eval(scripts.NOTE, [_refused(keys, identity)], [sealed, milliseconds])
 
     async def admit(
         self, identity: TokenIdentity, window: float | None
@@ -424,7 +430,7 @@ class RedisTokenStore(StoreOnItsThread):
         keys = self._keys_of(identity)
         milliseconds = "" if window is None else str(max(int(window * 1000), 1))
         value, ttl, used, left = await self._eval(
-            scripts.ADMIT, [keys.refused, keys.spent], [milliseconds]
+            scripts.ADMIT, [_refused(keys, identity), keys.spent], [milliseconds]
         )
         if value:
             text = keys.open(_opaque(value), keys.refused.encode())

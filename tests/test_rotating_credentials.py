@@ -564,8 +564,42 @@ def test_a_source_is_read_once_its_stamp_holds_still() -> None:
 
 def test_a_file_naming_a_value_twice_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "credentials"
-    path.write_text(
-        "SERVICE_CLIENT_ID=old\nclient_id=new\nclient_secret=s\nSERVICE_CLIENT_SECRET=s\n"
-    )
-    with pytest.raises(ConfigurationError, match="twice, with different values"):
-        CredentialsFile(path).read()
+    for text in (
+        "SERVICE_CLIENT_ID=old\nclient_id=new\nclient_secret=s\n",
+        "client_id=old\nclient_id=new\nclient_secret=s\n",
+        "client_id=old\nCLIENT_ID=new\nclient_secret=s\n",
+        '{"client_id": "old", "client_id": "new", "client_secret": "s"}',
+    ):
+        path.write_text(text)
+        with pytest.raises(ConfigurationError, match="twice, with different values"):
+            CredentialsFile(path).read()
+
+
+def test_transports_of_one_source_read_it_once(emulator: Emulator) -> None:
+    """A transport per call on one callable: one read when built, one watch, one thread."""
+    client = emulator.recent_client
+    reads = [0]
+
+    def read() -> tuple[str, str]:
+        reads[0] += 1
+        return client.client_id, client.client_secret
+
+    source = CredentialsCallback(read, check_every=600)
+    transports = [transport_of(EVERY_WAY[0], "api_key", emulator, source) for _ in range(50)]
+    assert reads == [1]
+    assert EVERY_WAY[0].one(transports[-1], Call(COUNT)) == ANSWER
+
+
+def test_a_forced_read_asked_during_a_plain_one_still_reads() -> None:
+    """A refusal asks for a forced read while the watcher's (which may read nothing: the
+    stamp keeps moving) runs: the forced one follows it."""
+    from gql_service_auth._core.rotation import RotatingCredentials
+
+    source = _Writing()
+    credentials = RotatingCredentials(source)
+    source.pair = ("new-id", "new-secret")
+    plain = credentials.read_soon()
+    forced = credentials.read_soon(force=True)
+    assert plain.result(HANG_GUARD) is False  # still moving: nothing read
+    assert forced.result(HANG_GUARD) is True
+    assert credentials.client_id == "new-id"

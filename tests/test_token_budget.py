@@ -247,7 +247,7 @@ _CRON_JOB = """
 import json, os, sys
 from gql import Client, gql
 from gql_service_auth import OAuth2Transport, TokenBudget, TokenBudgetExceededError
-transport = OAuth2Transport.from_env(token_budget=TokenBudget(requests=3, window=600))
+transport = OAuth2Transport.from_env(token_budget=TokenBudget(requests=2, window=600))
 try:
     Client(transport=transport).execute(gql("query { carriers(first: 1) { totalCount } }"))
 except TokenBudgetExceededError as error:
@@ -262,8 +262,8 @@ else:
 def test_a_cron_storm_on_one_host_stops_at_the_budget(
     live_emulator: Emulator, tmp_path: Path
 ) -> None:
-    """Ten one-shot jobs at once on a local store, their tokens all refused by the API:
-    three token requests in all, and the jobs past them fail at once, naming the budget."""
+    """Six one-shot jobs at once on a local store, their tokens all refused by the API:
+    two token requests in all, and the jobs past them fail at once, naming the budget."""
     emulator = live_emulator
     emulator.refuse_all_tokens = True
     (tmp_path / "tokens").mkdir(mode=0o700)
@@ -277,11 +277,11 @@ def test_a_cron_storm_on_one_host_stops_at_the_budget(
         subprocess.Popen(
             [sys.executable, "-c", _CRON_JOB], env=environ, stdout=subprocess.PIPE, text=True
         )
-        for _ in range(10)
+        for _ in range(6)
     ]
     said = [job.communicate(timeout=HANG_GUARD)[0].strip() for job in jobs]
-    assert emulator.counters.token_requests == 3
-    assert said.count("budget True") >= 6
+    assert emulator.counters.token_requests == 2
+    assert said.count("budget True") >= 4
     assert set(said) <= {"budget True", "UnauthenticatedError"}
 
 
@@ -375,3 +375,22 @@ def test_a_wider_window_for_the_same_credentials_keeps_its_count(emulator: Emula
         way.run(loose, calls(COUNT))
     (outcome,) = way.run(strict, calls(COUNT))
     assert isinstance(outcome, TokenBudgetExceededError)
+
+
+def test_another_secrets_refusal_on_a_store_key_leaves_the_fleet_count_on(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    """A process of the old secret, refused, keeps its refusal for a while: the processes
+    of the new secret are still counted against the budget (with store_key, the secrets
+    of a client id share one count: the old secret's request is in it)."""
+    emulator.refuse_all_tokens = True
+    budget = TokenBudget(requests=2, window=600.0, refusal_wait=600.0, refusal_wait_max=600.0)
+    with LocalTokenStore(tmp_path / "store", store_key=b"k" * 32, timeout=SLOW_MACHINE) as store:
+        way = EVERY_WAY[0]
+        old = {"client_secret": "revoked-secret", "token_budget": budget, "token_store": store}
+        with pytest.raises(TokenRequestError, match="invalid_client"):
+            way.one(oauth2(way, emulator, **old), Call(COUNT))
+        for _ in range(4):
+            _as_another_process()
+            way.run(oauth2(way, emulator, token_budget=budget, token_store=store), calls(COUNT))
+    assert emulator.counters.token_requests == 2

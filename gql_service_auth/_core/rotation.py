@@ -31,7 +31,7 @@ from typing import Protocol, TypeAlias, runtime_checkable
 from . import fork as _fork
 from .credentials import ClientCredentials
 from .errors import ConfigurationError
-from .events import AuthEvent, Emitter
+from .events import AuthEvent, Emitter, Subscribers
 
 
 @runtime_checkable
@@ -153,10 +153,33 @@ def credentials_of(
             "give either credentials= or client_id and client_secret, not both"
         )
     if isinstance(credentials, RotatingCredentials):
-        return RotatingCredentials(credentials.source, emit)
+        credentials = credentials.source
     if not isinstance(credentials, CredentialsSource) and callable(credentials):
         credentials = CredentialsCallback(credentials)
-    return RotatingCredentials(credentials, emit)
+    return _of_source(credentials, emit)
+
+
+_BY_SOURCE: weakref.WeakValueDictionary[object, RotatingCredentials] = (
+    weakref.WeakValueDictionary()
+)
+_BY_SOURCE_LOCK = threading.Lock()
+
+
+def _of_source(source: CredentialsSource, emit: Emitter | None) -> RotatingCredentials:
+    """The process's credentials of ``source``: one per source (equal sources, one file),
+    read and watched once for every transport; ``emit`` hears their events too."""
+    try:
+        with _BY_SOURCE_LOCK:
+            shared = _BY_SOURCE.get(source)
+    except TypeError:  # an unhashable source: its own
+        return RotatingCredentials(source, emit)
+    if shared is None:
+        made = RotatingCredentials(source, emit)
+        with _BY_SOURCE_LOCK:
+            shared = _BY_SOURCE.setdefault(source, made)
+    if emit is not None:
+        shared.subscribe(emit)
+    return shared
 
 
 def _why(exc: BaseException, source: object) -> str:
@@ -192,6 +215,7 @@ class RotatingCredentials:
         "_emit",
         "_failing",
         "_in_flight",
+        "_in_flight_forced",
         "_listeners",
         "_lock",
         "_pair",
@@ -218,7 +242,9 @@ class RotatingCredentials:
         ):
             raise ConfigurationError("the credentials source's check_every must be seconds > 0")
         self._source = source
-        self._emit = emit or Emitter(None)
+        self._emit = Subscribers()
+        if emit is not None:
+            self._emit.add(emit)
         #: Held while the source is read (which may block); _state, a moment at a time.
         self._lock = threading.Lock()
         self._state = threading.Lock()
@@ -226,6 +252,7 @@ class RotatingCredentials:
         self._failing = False
         #: The read under way on a thread of its own, if any (see read_soon).
         self._in_flight: Future[bool] | None = None
+        self._in_flight_forced = False
         #: Incremented at each change of the credentials read.
         self.version = 0
         why = ""
@@ -247,8 +274,9 @@ class RotatingCredentials:
         return f"RotatingCredentials(client_id={self._pair.client_id!r}, source={self._source!r})"
 
     def __reduce__(self) -> tuple[object, ...]:
-        # A copy reads the source anew, in the process it lands in.
-        return RotatingCredentials, (self._source,)
+        # A copy reads the source anew, in the process it lands in (or joins the one
+        # there of the same source).
+        return _of_source, (self._source, None)
 
     @property
     def source(self) -> CredentialsSource:
@@ -273,6 +301,10 @@ class RotatingCredentials:
 
     def basic_authorization(self) -> str:
         return self._pair.basic_authorization()
+
+    def subscribe(self, emit: Emitter) -> None:
+        """Pass the events of these credentials to ``emit``'s hook too, while it lives."""
+        self._emit.add(emit)
 
     def listen(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after each change, for as long as its object lives (a bound
@@ -322,17 +354,23 @@ class RotatingCredentials:
 
         A source that blocks (a secret manager that hangs) holds that thread only, never
         the watcher or a token fetch, which wait for it a bounded time; while it reads,
-        callers join that read rather than start another.
+        callers join that read rather than start another. A forced read asked for while
+        a plain one runs (which may read nothing) follows it, on the same thread.
         """
         with self._state:
             running = self._in_flight
             if running is not None and not running.done():
-                return running
+                if not force or self._in_flight_forced:
+                    return running
+            else:
+                running = None
             future: Future[bool] = Future()
-            self._in_flight = future
+            self._in_flight, self._in_flight_forced = future, force
 
         def read() -> None:
             try:
+                if running is not None:
+                    running.result()  # one read at a time: this one after it
                 future.set_result(self.refresh(force=force))
             except BaseException:  # a listener's bug, or a source's SystemExit
                 # Told as a failed read; never printed by the thread's excepthook, whose

@@ -238,20 +238,29 @@ def _identity(
 ) -> TokenIdentity | RotatingIdentity:
     """What the transports that share a token share: the credentials and the token
     parameters; for credentials that can change, their source."""
-    pair = credentials.current
-    if isinstance(credentials, RotatingCredentials):
-        pair = ClientCredentials("-", "-")
-    identity = TokenIdentity.of(
+    if not isinstance(credentials, RotatingCredentials):
+        return _identity_of(token_url, credentials, scope, params, auth_method)
+    # The parameters, with no credentials: the source stands for them.
+    no_pair = ClientCredentials("-", "-")
+    parameters = _identity_of(token_url, no_pair, scope, params, auth_method)
+    return machinery.rotating_identity(credentials.source, parameters)
+
+
+def _identity_of(
+    token_url: str | URL,
+    credentials: ClientCredentials,
+    scope: str | None,
+    params: Mapping[str, str],
+    auth_method: ClientAuthMethod,
+) -> TokenIdentity:
+    return TokenIdentity.of(
         token_url=str(token_url),
-        client_id=pair.client_id,
-        client_secret=pair.client_secret,
+        client_id=credentials.client_id,
+        client_secret=credentials.client_secret,
         scope=scope,
         token_params=params,
         auth_method=auth_method,
     )
-    if isinstance(credentials, RotatingCredentials):
-        return machinery.rotating_identity(credentials.source, identity)
-    return identity
 
 
 def _grant_and_source(
@@ -290,17 +299,9 @@ def _grant_and_source(
     )
     if token_store is None:
         return grant, machinery.endpoint
-    identity = TokenIdentity.of(
-        token_url=str(token_url),
-        client_id=credentials.client_id,
-        client_secret=credentials.client_secret,
-        scope=scope,
-        token_params=params,
-        auth_method=auth_method,
-    )
     level = machinery.shared_level(
         token_store,
-        identity,
+        _identity_of(token_url, credentials, scope, params, auth_method),
         refresh_margin=refresh_margin,
         default_expires_in=default_expires_in,
         emit=emit,

@@ -241,18 +241,23 @@ def read_failure(connection: sqlite3.Connection, tag: str, owner: str) -> Any:
     return row[1]
 
 
-def note_refusal(connection: sqlite3.Connection, tag: str, sealed: str, ttl: float) -> None:
-    """Keep a refusal of the credentials (sealed) ``ttl`` seconds, for the fleet."""
+def note_refusal(
+    connection: sqlite3.Connection, tag: str, kind: str, sealed: str, ttl: float
+) -> None:
+    """Keep a refusal of the credentials (sealed) ``ttl`` seconds, for the fleet; ``kind``
+    names the secret refused (``refused:<mark>``): a ``store_key`` gives every secret of a
+    client id one tag."""
     with _writing(connection):
-        _put(connection, tag, "refused", ttl, value=sealed)
+        _put(connection, tag, kind, ttl, value=sealed)
 
 
 def admit(
-    connection: sqlite3.Connection, tag: str, window: float | None
+    connection: sqlite3.Connection, tag: str, kind: str, window: float | None
 ) -> tuple[tuple[Any, float] | None, tuple[int, float] | None]:
-    """The sealed refusal kept and its seconds left; else, with a ``window``, one more
-    token request counted (see :func:`_spend`). ``None`` for what does not apply."""
-    row = _get(connection, tag, "refused")
+    """The sealed refusal of ``kind`` kept and its seconds left; else, with a ``window``,
+    one more token request counted (see :func:`_spend`). ``None`` for what does not
+    apply."""
+    row = _get(connection, tag, kind)
     left = 0.0 if row is None else _left(row, _now())
     if row is not None and left > 0:
         return (row[1], left), None
