@@ -7,11 +7,15 @@ a long-running process must take them up without a restart. A
 to notice cheaply that they may have changed (:meth:`CredentialsSource.stamp`).
 :class:`RotatingCredentials` reads it when a transport is made, then again:
 
-- every ``check_every`` seconds, on one watcher thread of the process (never on a
-  request's path: a read may block, a secret manager's call may take a while);
-- at each token fetch, on the fetch's own thread (see ``_stores/rotating.py``);
-- at once after the authorization server answered ``invalid_client``, and soon after the
-  service refused an API key.
+- every ``check_every`` seconds, as one watcher thread of the process schedules it;
+- at each token fetch (see ``_core/rotating_source.py``), which waits for it a bounded
+  time;
+- at once after the authorization server answered ``invalid_client``, or the service
+  refused an API key.
+
+Each read runs on a thread of its own, one at a time per source, never on a request's
+path: a read may block, a secret manager's call may take a while, and a source that hangs
+holds up no other. A changed stamp must hold still a moment before the source is read.
 
 Whoever holds the credentials listens for a change (:meth:`RotatingCredentials.listen`):
 an API key's header is swapped, a token manager renews in the background, keeping the
@@ -462,7 +466,6 @@ class _Watcher:
 
     def __init__(self) -> None:
         self._watched: weakref.WeakSet[RotatingCredentials] = weakref.WeakSet()
-        self._soon: weakref.WeakSet[RotatingCredentials] = weakref.WeakSet()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         _fork.reset_in_child(self)
@@ -473,12 +476,6 @@ class _Watcher:
             self._start()
             self._wake.notify()  # it may be due before the watcher's next wake-up
 
-    def soon(self, credentials: RotatingCredentials) -> None:
-        with self._wake:
-            self._soon.add(credentials)
-            self._start()
-            self._wake.notify()
-
     def _start(self) -> None:
         # Called with the condition held.
         if self._thread is None:
@@ -487,18 +484,12 @@ class _Watcher:
             )
             self._thread.start()
 
-    def _due(self) -> list[tuple[RotatingCredentials, bool]]:
-        """The credentials to check now, each with whether it is to be read whatever its
-        stamp says (a refusal); waits until some are due, or none is left."""
+    def _due(self) -> list[RotatingCredentials]:
+        """The credentials to check now; waits until some are due, or none is left."""
         with self._wake:
             while True:
                 now = time.monotonic()
-                due = [
-                    (c, c in self._soon)
-                    for c in self._watched
-                    if c in self._soon or c.next_check <= now
-                ]
-                self._soon.clear()
+                due = [c for c in self._watched if c.next_check <= now]
                 if due or not self._watched:
                     if not due:
                         self._thread = None  # nothing left to watch: the thread ends
@@ -508,11 +499,11 @@ class _Watcher:
 
     def _run(self) -> None:
         while due := self._due():
-            for credentials, forced in due:
+            for credentials in due:
                 period = float(credentials.source.check_every)
                 credentials.next_check = time.monotonic() + period
                 # On a thread of its own: one source that blocks holds up no other.
-                credentials.read_soon(force=forced)
+                credentials.read_soon()
             del due, credentials
 
     def _after_fork_in_child(self) -> None:
