@@ -227,7 +227,6 @@ class RotatingCredentials:
         "_stamp",
         "_state",
         "next_check",
-        "version",
     )
 
     def __init__(self, source: CredentialsSource, emit: Emitter | None = None) -> None:
@@ -257,8 +256,6 @@ class RotatingCredentials:
         #: The read under way on a thread of its own, if any (see read_soon).
         self._in_flight: Future[bool] | None = None
         self._in_flight_forced = False
-        #: Incremented at each change of the credentials read.
-        self.version = 0
         why = ""
         try:
             self._stamp = source.stamp()
@@ -421,7 +418,6 @@ class RotatingCredentials:
         if pair == before:
             return None
         self._pair = pair
-        self.version += 1
         return AuthEvent(
             "credentials_changed",
             detail=f"{self._source!r}: client_id={pair.client_id}"

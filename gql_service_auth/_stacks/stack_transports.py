@@ -48,11 +48,6 @@ class ApiKeyTransportParts(_Shown):
         settings = api_key_env(environ, url=url, client_id=client_id, client_secret=client_secret)
         return cls(**settings, **kwargs)
 
-    def _secrets(self) -> list[str]:
-        # Read when needed, never kept on the transport: vars() shows what it keeps.
-        secrets: list[str] = self._signer._rules.secrets()
-        return secrets
-
 
 class OAuth2TransportParts(_Shown):
     """``from_env`` of an OAuth2 transport, and its cached token."""
