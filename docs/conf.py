@@ -45,3 +45,22 @@ nitpicky = False
 html_theme = "furo"
 html_title = f"gql-service-auth {release}"
 html_show_sourcelink = False
+
+
+def _public_bases(app: object, name: str, obj: object, options: object, bases: list[type]) -> None:
+    """ "Bases:" names what a reader can import: the package's private mixins (the parts the
+    stacks share, ``check()``'s) are left out, gql's transport stays."""
+
+    def public(base: type) -> bool:
+        return not base.__name__.startswith("_") and "._" not in base.__module__
+
+    # A class whose bases are all private (OAuth2Transport's) names its first public
+    # ancestor, gql's transport.
+    mro = getattr(obj, "__mro__", ())[1:]
+    bases[:] = [base for base in bases if public(base)] or [
+        base for base in mro if public(base) and base is not object
+    ][:1]
+
+
+def setup(app: object) -> None:
+    app.connect("autodoc-process-bases", _public_bases)  # type: ignore[attr-defined]

@@ -11,7 +11,7 @@ from gql import Client, gql
 from gql_service_auth.emulator import environ_or_emulator
 from gql_service_auth.httpx import OAuth2HTTPXAsyncTransport
 
-QUERY = gql("query { carriers(first: 1) { totalCount } }")
+QUERY = gql("query { carriers(first: 1) { edges { node { id } } } }")
 
 
 async def main(environ: dict[str, str]) -> int:

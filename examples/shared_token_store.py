@@ -15,7 +15,7 @@ from gql import Client, gql
 from gql_service_auth import OAuth2Transport
 from gql_service_auth.emulator import environ_or_emulator
 
-QUERY = gql("query { carriers(first: 1) { totalCount } }")
+QUERY = gql("query { carriers(first: 1) { edges { node { id } } } }")
 PROCESSES = 4
 
 

@@ -47,6 +47,9 @@ from ._core.constants import (
 )
 from ._core.errors import (
     ConfigurationError,
+    ServiceHTTPError,
+    ServiceTimeoutError,
+    ServiceUnreachableError,
     TokenRequestError,
     UnauthenticatedError,
 )
@@ -60,6 +63,9 @@ EXIT_UNREACHABLE: Final = 3
 EXIT_INTERRUPTED: Final = 130
 
 _CHECK_QUERY = "query ($first: Int) { carriers(first: $first) { edges { node { id name } } } }"
+
+STACKS: Final = ("aiohttp", "requests", "httpx", "httpx-async")
+"""The stacks ``check --stack`` can use: each one's transports are the application's."""
 
 _CHECK_TIMEOUT: Final = 10.0
 """Seconds the check query may take by default, its token included (gql's
@@ -180,6 +186,14 @@ def _parser() -> argparse.ArgumentParser:
         default=_CHECK_TIMEOUT,
         metavar="SECONDS",
         help=f"how long each query may take, its token included (default: {_CHECK_TIMEOUT:g})",
+    )
+    check.add_argument(
+        "--stack",
+        choices=STACKS,
+        default="aiohttp",
+        help="the HTTP stack to check with, as the application's transport uses it: its "
+        "proxies (requests and httpx follow HTTP_PROXY, aiohttp does not), TLS and "
+        "timeouts (default: aiohttp)",
     )
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.add_argument(
@@ -352,8 +366,22 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
             f"The base URL ends in {GRAPHQL_PATH}, so it is used as the GraphQL endpoint as it "
             f"is. {ENV_BASE_URL} is meant to be the API host, without {GRAPHQL_PATH}."
         )
+    api_key_class, oauth2_class = _transport_classes(args.stack)
+    proxies = [name for name in _PROXY_VARIABLES if environ.get(name, "").strip()]
+    if proxies and args.stack == "aiohttp":
+        report.notes.append(
+            f"{' and '.join(proxies)} {'is' if len(proxies) == 1 else 'are'} set: aiohttp "
+            "ignores the environment's proxies, requests and httpx follow them. Check with "
+            "--stack requests, httpx or httpx-async to see what such an application sees."
+        )
+    sync = args.stack in _SYNC_STACKS
+    # A sync stack's own timeout bounds each request (gql's execute_timeout bounds only
+    # async calls), so its thread never outlives the check.
+    bounds: dict[str, Any] = {"timeout": args.timeout} if sync else {}
     if args.method in ("auto", "api-key"):
-        api_key = ApiKeyTransport.from_env(settings, allow_insecure_http=args.allow_insecure_http)
+        api_key = api_key_class.from_env(
+            settings, allow_insecure_http=args.allow_insecure_http, **bounds
+        )
         failure = await _query_step(report, "api_key", api_key, args)
         if report.ok:
             report.method = "api-key"
@@ -367,10 +395,11 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
             return report
 
     events: list[AuthEvent] = []
-    oauth2 = OAuth2Transport.from_env(
+    oauth2 = oauth2_class.from_env(
         settings,
         allow_insecure_http=args.allow_insecure_http,
         on_event=lambda event: events.append(event) if event.name in _TOKEN_EVENTS else None,
+        **bounds,
     )
     failure = await _query_step(report, "oauth2", oauth2, args, events)
     if report.ok:
@@ -381,6 +410,35 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
     if args.method == "auto":
         report.notes.append(_auto_note(report.ok, failure))
     return report
+
+
+_SYNC_STACKS: Final = frozenset({"requests", "httpx"})
+_PROXY_VARIABLES: Final = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")
+
+
+def _transport_classes(stack: str) -> tuple[Any, Any]:
+    """The API key and OAuth2 transport classes of ``stack`` (see :data:`STACKS`).
+
+    Raises:
+        _UsageError: the stack's extra is not installed.
+    """
+    if stack == "aiohttp":
+        return ApiKeyTransport, OAuth2Transport
+    extra = "requests" if stack == "requests" else "httpx"
+    try:
+        if stack == "requests":
+            from . import requests as module
+
+            return module.ApiKeyRequestsTransport, module.OAuth2RequestsTransport
+        from . import httpx as stack_module
+
+        if stack == "httpx":
+            return stack_module.ApiKeyHTTPXTransport, stack_module.OAuth2HTTPXTransport
+        return stack_module.ApiKeyHTTPXAsyncTransport, stack_module.OAuth2HTTPXAsyncTransport
+    except ImportError:
+        raise _UsageError(
+            f"--stack {stack} needs the {extra} extra: pip install 'gql-service-auth[{extra}]'"
+        ) from None
 
 
 _CREDENTIAL_FILES = (ENV_CREDENTIALS_FILE, ENV_CLIENT_ID_FILE, ENV_CLIENT_SECRET_FILE)
@@ -440,17 +498,20 @@ _TOKEN_EVENTS: Final = frozenset({"token_fetched", "token_request_failed"})
 async def _query_step(
     report: _Report,
     name: str,
-    transport: ApiKeyTransport | OAuth2Transport,
+    transport: Any,
     args: argparse.Namespace,
     fetched: list[AuthEvent] | None = None,
 ) -> Exception | None:
     """Run the check query and record the steps; returns the error that ended it, if any."""
     started = time.perf_counter()
+    query = gql(_CHECK_QUERY)
+    query.variable_values = {"first": args.first}
     try:
-        async with Client(transport=transport, execute_timeout=args.timeout) as session:
-            query = gql(_CHECK_QUERY)
-            query.variable_values = {"first": args.first}
-            result = await session.execute(query)
+        if args.stack in _SYNC_STACKS:
+            result = await asyncio.to_thread(_execute_sync, transport, query)
+        else:
+            async with Client(transport=transport, execute_timeout=args.timeout) as session:
+                result = await session.execute(query)
     except TokenRequestError as exc:
         # No token, so no query was sent: the token line tells the failure. The fetch's
         # thread reports the fetch's own duration just after the caller sees the error;
@@ -485,10 +546,17 @@ async def _query_step(
     return None
 
 
-def _unreachable(
-    exc: BaseException, transport: ApiKeyTransport | OAuth2Transport, timeout: float
-) -> str:
+def _execute_sync(transport: Any, query: Any) -> dict[str, Any]:
+    """The check query on a sync stack, as a sync application runs it."""
+    with Client(transport=transport) as session:
+        result: dict[str, Any] = session.execute(query)
+    return result
+
+
+def _unreachable(exc: BaseException, transport: Any, timeout: float) -> str:
     """What an answer that is no GraphQL one, or no answer, says of the API's URL."""
+    if isinstance(exc, ServiceHTTPError | ServiceUnreachableError | ServiceTimeoutError):
+        return str(exc)  # the transports' own errors say it all, as the application sees it
     url = str(transport.url)
     if isinstance(exc, TransportServerError) and exc.code in (404, 405):
         return (
@@ -508,7 +576,7 @@ def _unreachable(
 def _unreached_step(
     exc: BaseException,
     name: str,
-    transport: ApiKeyTransport | OAuth2Transport,
+    transport: Any,
     timeout: float,
     started: float,
     fetched: list[AuthEvent] | None,

@@ -44,7 +44,7 @@ from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._core.config import check_url
+from ._core.config import check_url, environment_proxy
 from ._core.errors import ConfigurationError
 from ._core.fork import DropsClientInChild
 from ._core.redact import forgets_on_error
@@ -59,7 +59,23 @@ from ._stacks.http_auth import (
     oauth2_call_async,
 )
 from ._stacks.options import TokenOptions, oauth2_settings, token_options
+from ._stacks.readiness import ChecksAsync, ChecksBlocking
 from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts
+from ._stacks.unanswered import register
+
+# What httpx raises when no answer came, which the transports explain (see
+# _stacks/unanswered.py).
+register(
+    (_gql_httpx.NetworkError, _gql_httpx.TimeoutException, _gql_httpx.ProxyError),
+    (_gql_httpx.TimeoutException,),
+)
+
+_TIMEOUT_PHASES: Final = {
+    "ConnectTimeout": "connect",
+    "ReadTimeout": "read",
+    "WriteTimeout": "write",
+    "PoolTimeout": "pool",
+}
 
 # At run time: typing.get_type_hints() of the constructors resolves Unpack.
 if sys.version_info >= (3, 11):
@@ -187,7 +203,50 @@ def _proxy_url(proxy: object) -> str | None:
     return text
 
 
-class _ApiKeySettings(ApiKeyTransportParts, DropsClientInChild):
+def _call_timeout(extra_args: Mapping[str, Any] | None) -> object:
+    """A call's own timeout, which gql hands httpx's ``post`` through ``extra_args``."""
+    return extra_args.get("timeout") if extra_args else None
+
+
+class _Endpoint:
+    """What an httpx transport tells of a request that got no answer (see
+    :class:`~gql_service_auth._stacks.unanswered.ServiceEndpoint`)."""
+
+    url: Any
+    kwargs: dict[str, Any]
+    _check_connected_attribute = "client"  # check() connects a transport without one
+
+    def _unanswered_timeout(self, cause: BaseException, given: object) -> float | None:
+        # The call's timeout (extra_args), else the client's, for the phase that ran out.
+        if given is not None:
+            timeout: Any = _gql_httpx.Timeout(given)  # type: ignore[arg-type]
+        else:
+            timeout = getattr(getattr(self, "client", None), "timeout", None)
+            if timeout is None:
+                timeout = _gql_httpx.Timeout(self.kwargs.get("timeout", 5.0))
+        phase = _TIMEOUT_PHASES.get(type(cause).__name__, "read")
+        seconds = getattr(timeout, phase, None)
+        return float(seconds) if isinstance(seconds, int | float) else None
+
+    def _unanswered_proxy(self) -> str | None:
+        proxy = self.kwargs.get("proxy")
+        if proxy is not None:
+            named = URL(str(getattr(proxy, "url", proxy)))
+            where = f"{named.host}:{named.port}" if named.port else str(named.host)
+            return f"{where} (proxy=)"
+        return environment_proxy(str(self.url), bool(self.kwargs.get("trust_env", True)))
+
+
+class _ChecksBlocking(ChecksBlocking):
+    """``check()`` of the sync httpx transports: its timeout goes to httpx's ``post``."""
+
+    _check_connected_attribute = "client"
+
+    def _check_timeout_args(self, timeout: float) -> dict[str, Any]:
+        return {"extra_args": {"timeout": timeout}}
+
+
+class _ApiKeySettings(_Endpoint, ApiKeyTransportParts, DropsClientInChild):
     """The constructor and ``from_env`` of the API key transports."""
 
     kwargs: dict[str, Any]
@@ -217,7 +276,7 @@ class _ApiKeySettings(ApiKeyTransportParts, DropsClientInChild):
         self._forget_client_in_children()
 
 
-class _OAuth2Settings(OAuth2TransportParts, DropsClientInChild):
+class _OAuth2Settings(_Endpoint, OAuth2TransportParts, DropsClientInChild):
     """The constructor, ``from_env`` and ``token`` of the OAuth2 transports."""
 
     kwargs: dict[str, Any]
@@ -319,7 +378,7 @@ _OAUTH2_DOC = """A gql ``{base}`` that authenticates with OAuth 2.0 client crede
     """
 
 
-class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
+class ApiKeyHTTPXTransport(_ChecksBlocking, _ApiKeySettings, HTTPXTransport):
     __doc__ = _API_KEY_DOC.format(base="HTTPXTransport", oauth2="OAuth2HTTPXTransport")
 
     @forgets_on_error
@@ -342,6 +401,8 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
             self._signer._rules,
             "OAuth2HTTPXTransport",
             given=given,
+            transport=self,
+            given_timeout=_call_timeout(extra_args),
         )
 
     @forgets_on_error
@@ -358,10 +419,12 @@ class ApiKeyHTTPXTransport(_ApiKeySettings, HTTPXTransport):
             self._signer._rules,
             "OAuth2HTTPXTransport",
             given=given,
+            transport=self,
+            given_timeout=_call_timeout(extra_args),
         )
 
 
-class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
+class ApiKeyHTTPXAsyncTransport(ChecksAsync, _ApiKeySettings, HTTPXAsyncTransport):
     __doc__ = _API_KEY_DOC.format(base="HTTPXAsyncTransport", oauth2="OAuth2HTTPXAsyncTransport")
 
     @forgets_on_error
@@ -384,6 +447,8 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
             self._signer._rules,
             "OAuth2HTTPXAsyncTransport",
             given=given,
+            transport=self,
+            given_timeout=_call_timeout(extra_args),
         )
 
     @forgets_on_error
@@ -400,10 +465,12 @@ class ApiKeyHTTPXAsyncTransport(_ApiKeySettings, HTTPXAsyncTransport):
             self._signer._rules,
             "OAuth2HTTPXAsyncTransport",
             given=given,
+            transport=self,
+            given_timeout=_call_timeout(extra_args),
         )
 
 
-class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
+class OAuth2HTTPXTransport(_ChecksBlocking, _OAuth2Settings, HTTPXTransport):
     __doc__ = _OAUTH2_DOC.format(base="HTTPXTransport")
 
     @forgets_on_error
@@ -426,6 +493,8 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         return oauth2_call(
             partial(parent, request, extra_args=args, upload_files=upload_files),
             self._rules,
+            self,
+            _call_timeout(extra_args),
         )
 
     @forgets_on_error
@@ -438,10 +507,12 @@ class OAuth2HTTPXTransport(_OAuth2Settings, HTTPXTransport):
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
         args = _oauth2_args(extra_args)
-        return oauth2_call(partial(parent, reqs, extra_args=args), self._rules)
+        return oauth2_call(
+            partial(parent, reqs, extra_args=args), self._rules, self, _call_timeout(extra_args)
+        )
 
 
-class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
+class OAuth2HTTPXAsyncTransport(ChecksAsync, _OAuth2Settings, HTTPXAsyncTransport):
     __doc__ = _OAUTH2_DOC.format(base="HTTPXAsyncTransport")
 
     def _connect_in_child(self) -> None:
@@ -467,6 +538,8 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         return await oauth2_call_async(
             partial(parent, request, extra_args=args, upload_files=upload_files),
             self._rules,
+            self,
+            _call_timeout(extra_args),
         )
 
     @forgets_on_error
@@ -479,4 +552,6 @@ class OAuth2HTTPXAsyncTransport(_OAuth2Settings, HTTPXAsyncTransport):
         batch is sent again only when no operation of it can have run."""
         parent = super().execute_batch
         args = _oauth2_args(extra_args)
-        return await oauth2_call_async(partial(parent, reqs, extra_args=args), self._rules)
+        return await oauth2_call_async(
+            partial(parent, reqs, extra_args=args), self._rules, self, _call_timeout(extra_args)
+        )

@@ -72,6 +72,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from ._core import fork as _fork
+from ._core.config import shown_url
 from ._core.constants import STORE_CONNECT_TIMEOUT, STORE_COOLDOWN, STORE_TIMEOUT
 from ._core.errors import ConfigurationError
 from ._core.loop_thread import LoopClosed, LoopThread
@@ -153,28 +154,35 @@ def _nothing(connection: sqlite3.Connection) -> None:
 
 
 def _directory_of(url: str) -> str:
-    """The directory a ``file://`` URL names; ConfigurationError for any other URL."""
+    """The directory a ``file://`` URL names; ConfigurationError for any other URL, which
+    quotes it (a password in it masked)."""
+    example = "file:///var/lib/myapp/tokens"
     if not isinstance(url, str) or not url.startswith("file://"):
         raise ConfigurationError(
-            "a local token store URL starts with file:// and names a directory by its "
-            "absolute path, as file:///var/lib/myapp/tokens"
+            f"{shown_url(url)} is no local token store URL: it starts with file:// and names "
+            f"a directory by its absolute path, as {example}"
         )
     parts = urlsplit(url)
     path = unquote(parts.path)
-    if parts.netloc.lower() not in ("", "localhost") or parts.query or parts.fragment:
+    if parts.netloc.lower() not in ("", "localhost"):
         raise ConfigurationError(
-            "a local token store URL names a directory of this host, with no host other "
-            "than localhost, no query and no fragment: file:///var/lib/myapp/tokens"
+            f"{shown_url(url)} names the host {parts.hostname or parts.netloc!r}, not a "
+            f"directory: a local token store URL has three slashes, then the directory's "
+            f"absolute path ({example})"
+        )
+    if parts.query or parts.fragment:
+        raise ConfigurationError(
+            f"{shown_url(url)} has a query or a fragment, which a local token store URL "
+            f"has not: {example}"
         )
     if not path.startswith("/") or "\0" in path:
         raise ConfigurationError(
-            "a local token store URL names a directory by its absolute path: "
-            "file:///var/lib/myapp/tokens (three slashes)"
+            f"{shown_url(url)} names no absolute path: {example} (three slashes)"
         )
     if path.lstrip("/").startswith("~"):
         raise ConfigurationError(
-            "a file:// URL does not expand ~: name the directory by its absolute path, as "
-            "file:///home/me/.cache/myapp/tokens"
+            f"{shown_url(url)}: a file:// URL does not expand ~: name the directory by its "
+            "absolute path, as file:///home/me/.cache/myapp/tokens"
         )
     # normpath keeps a leading "//" (POSIX leaves its meaning open): one "/" here.
     return os.path.normpath("/" + path.lstrip("/"))

@@ -18,6 +18,9 @@ from ._core.rotation import CredentialsGiven
 
 try:
     from gql.transport.requests import RequestsHTTPTransport
+    from requests.exceptions import ConnectionError as _ConnectionError
+    from requests.exceptions import ConnectTimeout as _ConnectTimeout
+    from requests.exceptions import Timeout as _Timeout
     from requests.utils import select_proxy
 
     from ._stacks.requests_auth import ApiKeyAuth, OAuth2Auth
@@ -38,7 +41,7 @@ from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._core.config import check_url
+from ._core.config import check_url, environment_proxy
 from ._core.errors import ConfigurationError
 from ._core.fork import DropsClientInChild
 from ._core.redact import forgets_on_error
@@ -46,7 +49,13 @@ from ._stacks.aiohttp_token_post import ssl_of_verify
 from ._stacks.gql import callers_own
 from ._stacks.http_auth import api_key_call, check_proxy, oauth2_call
 from ._stacks.options import TokenOptions, oauth2_settings, token_options
+from ._stacks.readiness import ChecksBlocking
 from ._stacks.stack_transports import ApiKeyTransportParts, OAuth2TransportParts
+from ._stacks.unanswered import register
+
+# What requests raises when no answer came, which the transports explain (see
+# _stacks/unanswered.py); a ConnectTimeout is both.
+register((_ConnectionError, _Timeout), (_Timeout,))
 
 # At run time: typing.get_type_hints() of the constructors resolves Unpack.
 if sys.version_info >= (3, 11):
@@ -115,7 +124,41 @@ class OAuth2RequestsOptions(RequestsOptions, TokenOptions, total=False):
     (:class:`RequestsOptions`) and the token's (:class:`~gql_service_auth.TokenOptions`)."""
 
 
-class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, RequestsHTTPTransport):
+class _Endpoint(ChecksBlocking):
+    """What a requests transport tells of a request that got no answer (see
+    :class:`~gql_service_auth._stacks.unanswered.ServiceEndpoint`), and its ``check()``."""
+
+    _check_connected_attribute = "session"
+
+    def _check_timeout_args(self, timeout: float) -> dict[str, Any]:
+        return {"timeout": timeout}
+
+    url: str
+    default_timeout: Any
+    session: Any
+    kwargs: dict[str, Any]
+
+    def _unanswered_timeout(self, cause: BaseException, given: object) -> float | None:
+        # The call's timeout, else the transport's: a number, or requests' (connect, read).
+        timeout = given if given is not None else self.default_timeout
+        if isinstance(timeout, tuple) and len(timeout) == 2:
+            timeout = timeout[0] if isinstance(cause, _ConnectTimeout) else timeout[1]
+        return float(timeout) if isinstance(timeout, int | float) else None
+
+    def _unanswered_proxy(self) -> str | None:
+        session = self.session
+        explicit = _proxy_for(
+            self.url, getattr(session, "proxies", None) or self.kwargs.get("proxies")
+        )
+        if explicit:
+            named = URL(explicit if "://" in explicit else f"http://{explicit}")
+            return f"{named.host}:{named.port} (proxies=)"
+        return environment_proxy(str(self.url), getattr(session, "trust_env", True))
+
+
+class ApiKeyRequestsTransport(
+    _Endpoint, ApiKeyTransportParts, DropsClientInChild, RequestsHTTPTransport
+):
     """A gql ``RequestsHTTPTransport`` that authenticates with the service's API key.
 
     Sends ``Authorization: SERVICE-API-KEY <client_id>:<client_secret>`` on every request,
@@ -204,6 +247,8 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
             self._signer._rules,
             "OAuth2RequestsTransport",
             given=given,
+            transport=self,
+            given_timeout=timeout,
         )
 
     @forgets_on_error
@@ -225,10 +270,14 @@ class ApiKeyRequestsTransport(ApiKeyTransportParts, DropsClientInChild, Requests
             self._signer._rules,
             "OAuth2RequestsTransport",
             given=given,
+            transport=self,
+            given_timeout=timeout,
         )
 
 
-class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, RequestsHTTPTransport):
+class OAuth2RequestsTransport(
+    _Endpoint, OAuth2TransportParts, DropsClientInChild, RequestsHTTPTransport
+):
     """A gql ``RequestsHTTPTransport`` that authenticates with OAuth 2.0 client credentials.
 
     The same promises as :class:`~gql_service_auth.OAuth2Transport`, without an event
@@ -332,7 +381,9 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         """
         parent = super().execute
         args, _ = callers_own(extra_args)
-        return oauth2_call(partial(parent, request, timeout, args, upload_files), self._rules)
+        return oauth2_call(
+            partial(parent, request, timeout, args, upload_files), self._rules, self, timeout
+        )
 
     @forgets_on_error
     def execute_batch(
@@ -347,4 +398,4 @@ class OAuth2RequestsTransport(OAuth2TransportParts, DropsClientInChild, Requests
         """
         parent = super().execute_batch
         args, _ = callers_own(extra_args)
-        return oauth2_call(partial(parent, reqs, timeout, args), self._rules)
+        return oauth2_call(partial(parent, reqs, timeout, args), self._rules, self, timeout)

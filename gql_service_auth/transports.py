@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 # and constructors (pydantic, cattrs, IDEs) looks them up in this module.
 from http.cookies import BaseCookie, Morsel  # noqa: F401
 from ssl import SSLContext
+from time import monotonic
 from typing import Any, TypedDict
 
 from aiohttp.client_reqrep import Fingerprint
@@ -209,6 +210,7 @@ class ApiKeyTransport(AuthenticatingTransport):
         # The boundary of forgets_on_error, inline (see _post): the frames below are
         # cleared, and this one's locals show no secret once the few below are dropped (an
         # answer with errors is scrubbed in place as it arrives).
+        started = monotonic()
         try:
             if extra_args:
                 extra_args, given = callers_own(extra_args)
@@ -238,7 +240,10 @@ class ApiKeyTransport(AuthenticatingTransport):
             # Shown by repr: the answer's headers (which may echo the key), a per-request
             # proxy's password or cookie. What else this frame holds shows no secret.
             response = answer = extra_args = None  # type: ignore[assignment]
-            raise
+            failure = self._unanswered(exc, started)
+            if failure is exc:
+                raise
+            raise failure  # noqa: B904 - its cause is set: gql's error, or none
 
     @forgets_on_error
     async def execute_batch(
@@ -255,10 +260,20 @@ class ApiKeyTransport(AuthenticatingTransport):
         if given:
             return await self._batch_given(reqs, extra_args)
         args = with_authorization(extra_args, self._credentials.api_key_authorization())
+        started = monotonic()
         try:
             answers = await super().execute_batch(reqs, extra_args=args)
         except TransportError as exc:
-            raise self._key_error(bare_401(exc, self._secrets())) from exc
+            try:
+                refused_key = bare_401(exc, self._secrets())
+            except BaseException as other:
+                raise self._unanswered(other, started) from exc
+            raise self._key_error(refused_key) from exc
+        except BaseException as exc:
+            failure = self._unanswered(exc, started)
+            if failure is exc:
+                raise
+            raise failure  # noqa: B904 - no cause: a deadline passed
         if any(is_refusal(answer.errors) for answer in answers):
             raise self._key_error(answers)
         return scrubbed(answers, self._secrets())
@@ -441,6 +456,7 @@ class OAuth2Transport(RenewingTransport):
         # The boundary of forgets_on_error, inline (see _post): the frames below are
         # cleared, and this one's locals show no secret once the few below are dropped (an
         # answer with errors is scrubbed in place as it arrives; a token's repr hides it).
+        started = monotonic()
         try:
             if extra_args:
                 extra_args, given = callers_own(extra_args)
@@ -483,7 +499,11 @@ class OAuth2Transport(RenewingTransport):
             # Shown by repr: the answer's headers (which may echo the token), a per-request
             # proxy's password or cookie. What else this frame holds shows no secret.
             response = answer = extra_args = None  # type: ignore[assignment]
-            raise
+            waiting = self._tokens.fresh(0.0) is None  # still waiting for its token
+            failure = self._unanswered(exc, started, str(self.token_url) if waiting else None)
+            if failure is exc:
+                raise
+            raise failure  # noqa: B904 - its cause is set: gql's error, or none
 
     @forgets_on_error
     async def execute_batch(
@@ -499,7 +519,15 @@ class OAuth2Transport(RenewingTransport):
         extra_args, given = callers_own(extra_args)
         if given:
             return await self._batch_given(reqs, extra_args)
-        return await self._batch_renewed(reqs, extra_args)
+        started = monotonic()
+        try:
+            return await self._batch_renewed(reqs, extra_args)
+        except BaseException as exc:
+            waiting = self._tokens.fresh(0.0) is None
+            failure = self._unanswered(exc, started, str(self.token_url) if waiting else None)
+            if failure is exc:
+                raise
+            raise failure  # noqa: B904 - its cause is set: gql's error, or none
 
     async def subscribe(
         self,

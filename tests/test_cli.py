@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -251,7 +252,7 @@ def test_unreachable_service_exits_3(capsys: pytest.CaptureFixture[str]) -> None
     }
     code, out, _ = _run(capsys, ["check", "--method", "api-key"], environ)
     assert code == 3
-    assert "TransportConnectionFailed" in out
+    assert "could not reach http://127.0.0.1:9/graphql" in _line(out, "API key")
 
 
 def test_a_wrong_api_url_is_named_with_the_variable_to_fix(
@@ -263,7 +264,7 @@ def test_a_wrong_api_url_is_named_with_the_variable_to_fix(
     assert code == 3
     line = _line(out, "API key")
     assert f"nothing answers GraphQL at {emulator.base_url}/v2/graphql (HTTP 404)" in line
-    assert "wrong SERVICE_BASE_URL?" in line
+    assert "check SERVICE_BASE_URL (the API host, to which from_env() appends /graphql)" in line
     assert "TransportServerError" not in out
 
 
@@ -280,8 +281,8 @@ def test_an_api_that_never_answers_is_named_with_the_wait(
         code, out, _ = _run(capsys, ["check", "--method", "api-key", "--timeout", "0.5"], environ)
     assert code == 3
     line = _line(out, "API key")
-    assert f"no answer from {url}/graphql within 0.5 s" in line
-    assert "is SERVICE_BASE_URL right" in line
+    assert f"no answer from {url}/graphql within the 0.5 s the call was given" in line
+    assert "check SERVICE_BASE_URL" in line
 
 
 def test_a_token_endpoint_that_never_answers_is_named_not_the_api(
@@ -353,6 +354,19 @@ def test_demo_runs_without_a_failed_query(capsys: pytest.CaptureFixture[str]) ->
     assert "2024-05-13" in out
     assert "renewed with 1 token request, and sent again" in out
     assert "token renewed before expiry" in out
+    # The captions say what was measured: the refusals by step add up to the count, and
+    # step 4's words follow its own figure.
+    total, *steps = (
+        int(n)
+        for n in re.findall(
+            r"UNAUTHENTICATED answers: (\d+) "
+            r"\(steps 1 to 4: (\d+), step 5: (\d+), step 6: (\d+)\)",
+            out,
+        )[0]
+    )
+    assert total == sum(steps)
+    new = int(re.findall(r"200 answers, (\d+) new token request", out)[0])
+    assert ("all shared the token in hand" in out) == (new == 0)
 
 
 def test_emulator_command_serves_what_it_prints(tmp_path: Path) -> None:
@@ -602,3 +616,44 @@ def test_check_names_a_credentials_file_it_cannot_read(
     assert code == 2
     assert "missing.json" in err
     assert "FileNotFoundError" in err
+
+
+@pytest.mark.parametrize("stack", ["requests", "httpx", "httpx-async"])
+def test_check_with_the_applications_stack_sees_its_proxy(
+    emulator: Emulator,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    stack: str,
+) -> None:
+    """HTTP_PROXY names a proxy that never answers: --stack requests/httpx fails as such
+    an application fails, naming the proxy; aiohttp, which ignores it, passes and says so."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        proxy = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+        monkeypatch.setenv("http_proxy", proxy)
+        environ = {**emulator.environ(), "HTTP_PROXY": proxy}
+        argv = ["check", "--method", "api-key", "--timeout", "1"]
+        code, out, _ = _run(capsys, [*argv, "--stack", stack], environ)
+        assert code == 3
+        assert f"through the proxy 127.0.0.1:{silent.getsockname()[1]} (HTTP_PROXY)" in _line(
+            out, "API key"
+        )
+        code, out, _ = _run(capsys, argv, environ)
+    assert code == 0
+    assert "HTTP_PROXY is set: aiohttp ignores the environment's proxies" in out
+    assert "--stack requests" in out
+
+
+def test_check_with_a_sync_stack_passes(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--stack requests: the check query through the requests transports, OAuth2 too."""
+    code, out, _ = _run(
+        capsys, ["check", "--method", "oauth2", "--stack", "requests"], emulator.environ()
+    )
+    assert code == 0, out
+    assert "method that works: oauth2" in out

@@ -228,7 +228,9 @@ async def test_unreachable_token_endpoint_is_retried_then_reported(
     with closed_port() as port:
         transport = make_oauth2(token_url=f"http://127.0.0.1:{port}/oauth2/token", retry=policy)
         async with Client(transport=transport) as session:
-            with pytest.raises(TokenRequestError, match="could not reach") as caught:
+            with pytest.raises(
+                TokenRequestError, match=r"could not reach the token endpoint http://127\.0\.0\.1"
+            ) as caught:
                 await session.execute(COUNT)
     assert caught.value.status is None
     assert caught.value.retryable
@@ -309,7 +311,9 @@ async def test_hanging_token_endpoint_fails_within_the_time_bound(
     started = time.monotonic()
     try:
         async with Client(transport=make_oauth2(retry=policy)) as session:
-            with pytest.raises(TokenRequestError, match="could not reach") as caught:
+            with pytest.raises(
+                TokenRequestError, match="no answer from the token endpoint"
+            ) as caught:
                 await session.execute(COUNT)
     finally:
         emulator.freeze_token_endpoint(0)

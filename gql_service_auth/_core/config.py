@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import urllib.request
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
@@ -145,3 +146,37 @@ def check_seconds(name: str, value: object, *, positive: bool = False) -> None:
     ):
         bound = "more than 0" if positive else "at least 0"
         raise ConfigurationError(f"{name} must be a finite number of seconds, {bound}")
+
+
+def environment_proxy(url: str, trust_env: bool = True) -> str | None:
+    """The proxy the environment names for ``url`` (``"host:port (HTTPS_PROXY)"``), as
+    requests, httpx and aiohttp with ``trust_env`` read it; ``None`` when none applies."""
+    if not trust_env:
+        return None
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    scheme = parts.scheme or "http"
+    value = proxies.get(scheme) or proxies.get("all")
+    if not value or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    proxy = urlsplit(value if "://" in value else f"http://{value}")
+    where = proxy.hostname or "?"
+    if proxy.port is not None:
+        where = f"{where}:{proxy.port}"
+    name = f"{scheme.upper()}_PROXY" if proxies.get(scheme) else "ALL_PROXY"
+    return f"{where} ({name})"
+
+
+def shown_url(url: object) -> str:
+    """``url`` quoted for a message, with any password in it masked (a Redis URL's)."""
+    text = str(url)
+    try:
+        parts = urlsplit(text)
+        password = parts.password
+    except ValueError:
+        return repr(text.split("://", 1)[0] + "://...")
+    if password:
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        text = urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    return repr(text)

@@ -6,10 +6,13 @@
     ├── ConfigurationError                 (also ValueError)
     ├── TokenRequestError                  (also gql TransportQueryError)
     │   └── TokenBudgetExceededError
-    └── UnauthenticatedError               (also gql TransportQueryError)
-        ├── ApiKeyRejectedError
-        │   └── ApiKeyRejectedHTTPError    (also UnauthenticatedHTTPError)
-        └── UnauthenticatedHTTPError       (also gql TransportServerError, code 401)
+    ├── UnauthenticatedError               (also gql TransportQueryError)
+    │   ├── ApiKeyRejectedError
+    │   │   └── ApiKeyRejectedHTTPError    (also UnauthenticatedHTTPError)
+    │   └── UnauthenticatedHTTPError       (also gql TransportServerError, code 401)
+    ├── ServiceHTTPError                   (also gql TransportServerError)
+    ├── ServiceUnreachableError            (also gql TransportConnectionFailed)
+    └── ServiceTimeoutError                (also TimeoutError)
 
 Why the gql bases: gql's aiohttp transport turns any error that is not a gql
 ``TransportError`` into ``TransportConnectionFailed``, and a reconnecting gql session
@@ -24,6 +27,13 @@ raises ``TransportServerError`` with ``code`` 401, and code written for gql catc
 The error that ends such a request is that too, with gql's message first, and stays a
 ``TransportQueryError`` so that gql's reconnecting session still does not retry it.
 
+Why the ``Service...`` errors: gql raises ``TransportServerError`` for an HTTP status that
+is no GraphQL answer, ``TransportConnectionFailed`` when no answer came, and its client's
+``execute_timeout`` a bare ``TimeoutError``; their messages name neither the setting at
+fault nor what to do. The package's are the same classes (so ``except`` clauses written
+for gql, and gql's reconnecting session, treat them as before), with gql's message first
+and the URL, the bound that ran out and the remedy after it.
+
 No message here ever holds a secret, an access token or an ``Authorization`` value.
 """
 
@@ -31,7 +41,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gql.transport.exceptions import TransportQueryError, TransportServerError
+from gql.transport.exceptions import (
+    TransportConnectionFailed,
+    TransportQueryError,
+    TransportServerError,
+)
 
 
 class GqlServiceAuthError(Exception):
@@ -166,6 +180,37 @@ class ApiKeyRejectedHTTPError(ApiKeyRejectedError, UnauthenticatedHTTPError):
     """
 
 
+class ServiceHTTPError(GqlServiceAuthError, TransportServerError):
+    """The API answered an HTTP error status with no GraphQL answer (a 404 from a wrong
+    URL, a 502 from a proxy...); a bare 401 is :class:`UnauthenticatedHTTPError`.
+
+    gql's ``TransportServerError``: ``code`` is the status, and the message starts with
+    gql's own; the cause is gql's (the stack's error, with the response on requests and
+    httpx).
+    """
+
+    def __init__(self, message: str, code: int | None) -> None:
+        TransportServerError.__init__(self, message, code)
+
+
+class ServiceUnreachableError(GqlServiceAuthError, TransportConnectionFailed):
+    """No answer came from the API: the connection failed or was refused, a proxy failed,
+    or the transport's own ``timeout`` ran out.
+
+    gql's ``TransportConnectionFailed`` (a reconnecting gql session reconnects, as
+    before); the message starts with gql's own, and the stack's error is the cause.
+    """
+
+
+class ServiceTimeoutError(GqlServiceAuthError, TimeoutError):
+    """The call's deadline passed before the API answered: gql's ``Client``
+    ``execute_timeout`` (or a deadline of yours around the call, on anyio or trio).
+
+    A ``TimeoutError``, as gql's client raises at that deadline, with the URL, the bound
+    and what to do in its message.
+    """
+
+
 # Tracebacks, reprs and docs show gql_service_auth.TokenRequestError, where users import it
 # from, not this private module (httpx and attrs do the same). Pickle looks classes up by
 # module and name, and finds them there too.
@@ -178,6 +223,9 @@ for _public in (
     ApiKeyRejectedError,
     UnauthenticatedHTTPError,
     ApiKeyRejectedHTTPError,
+    ServiceHTTPError,
+    ServiceUnreachableError,
+    ServiceTimeoutError,
 ):
     _public.__module__ = "gql_service_auth"
 del _public

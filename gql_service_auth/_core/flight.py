@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from .diagnosis import proxy_clause, token_unreachable_hint
 from .errors import TokenRequestError
 from .events import AuthEvent
 from .loop_thread import close_own_loop
@@ -195,13 +196,24 @@ def no_thread_here() -> TokenRequestError:
     )
 
 
-def fetch_failure(exc: BaseException, limit: float) -> BaseException:
-    """The error a fetch that raised ``exc`` publishes: a ``TokenRequestError``, or ``exc``."""
+def fetch_failure(
+    exc: BaseException,
+    limit: float,
+    token_url: str | None = None,
+    route: Callable[[str], str | None] | None = None,
+) -> BaseException:
+    """The error a fetch that raised ``exc`` publishes: a ``TokenRequestError``, or ``exc``.
+
+    ``token_url`` and ``route`` (the proxy a request to it goes through, named) say where
+    a fetch that ran out of time went.
+    """
     if isinstance(exc, asyncio.TimeoutError):
+        proxy = route(token_url) if route is not None and token_url else None
         return TokenRequestError(
-            f"the token fetch did not finish within {limit:g} s",
+            f"no token from {token_url or 'the token endpoint'}{proxy_clause(proxy)} within "
+            f"{limit:g} s (RetryPolicy.timeout, and a grace)",
             retryable=True,
-            hint="The token endpoint is too slow; check token_url and the network",
+            hint=token_unreachable_hint(proxy),
         )
     if isinstance(exc, asyncio.CancelledError):
         # Only a fetch that fell back to a caller's loop can be cancelled: by that loop

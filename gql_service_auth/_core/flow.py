@@ -99,6 +99,8 @@ class Refused(Generic[_R]):
         reason: Why it was not sent again; ``None`` when the renewals ran out.
         dropped: Whether the token was dropped, so that the next call uses a new one.
         renewals: The renewals the request was allowed.
+        expired: The last token had expired when it was refused: the request waited
+            longer than the token lived (in the client's queue, say).
     """
 
     token: AccessToken
@@ -106,6 +108,7 @@ class Refused(Generic[_R]):
     reason: str | None
     dropped: bool
     renewals: int
+    expired: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,8 @@ class TokenLedger(Protocol):
     def pause_remaining(self) -> float: ...
 
     def loaded(self, token: AccessToken) -> bool: ...
+
+    def expired(self, token: AccessToken) -> bool: ...
 
 
 def settle(
@@ -224,7 +229,7 @@ def renewal_flow(
             return Accepted(token, sent.raw)
         if action is Action.FAIL:
             return Refused(token, sent, reason, dropped, max_renewals)
-    return Refused(token, sent, None, True, max_renewals)
+    return Refused(token, sent, None, True, max_renewals, tokens.expired(token))
 
 
 _Flow = Generator[Command, object, Outcome[_R]]

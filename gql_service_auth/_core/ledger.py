@@ -137,8 +137,18 @@ class Refusals:
         self.unconfirmed_refusals = 0
         self.paused_until = 0.0
 
-    def refused(self, token: AccessToken, *, current: AccessToken | None, answer: object) -> bool:
+    def refused(
+        self,
+        token: AccessToken,
+        *,
+        current: AccessToken | None,
+        answer: object,
+        expired: bool = False,
+    ) -> bool:
         """The API refused ``token`` before anything ran; ``current`` is the token in hand.
+
+        ``expired``: the token had expired by then, which explains the refusal: it does
+        not count towards a pause, which is for fresh tokens refused.
 
         Returns:
             Whether to drop it: it is the token in hand (the first of many requests
@@ -150,7 +160,7 @@ class Refusals:
             return False
         self.refused_token = token
         self.renewing_after_refusal = True
-        if token.generation > self.confirmed:
+        if token.generation > self.confirmed and not expired:
             self.unconfirmed_refusals += 1
             if self._cooldown is not None:
                 pause = self._cooldown(self.unconfirmed_refusals)

@@ -258,8 +258,21 @@ def how(answer: Answer) -> str:
     return "HTTP 401" if answer.bare_401 else "UNAUTHENTICATED"
 
 
-def exhausted_message(answer: Answer, renewals: int) -> str:
-    """The message of a request refused again after ``renewals`` renewals."""
+def exhausted_message(answer: Answer, renewals: int, expired_after: float | None = None) -> str:
+    """The message of a request refused again after ``renewals`` renewals.
+
+    ``expired_after``: the last token had expired when it was refused, this many seconds
+    after it was issued; the advice is then about the wait, not the environment.
+    """
+    if expired_after is not None:
+        return (
+            f"the service refused the access token ({how(answer)}) after {renewals} "
+            f"renewal(s): each time, the token had expired before the service read the "
+            f"request, which waited longer than the token lives ({expired_after:g} s), in "
+            "the client's connection pool or on the network. Send fewer requests at once "
+            "(a semaphore, or a smaller pool), or ask the authorization server for "
+            "longer-lived tokens"
+        )
     return (
         f"the service refused the access token ({how(answer)}) after {renewals} renewal(s). "
         "The authorization server issues tokens the API does not accept: "

@@ -16,7 +16,7 @@ from yarl import URL
 from .._stores.protocol import TokenIdentity, TokenStore
 from . import fork as _fork
 from .budget import DEFAULT_BUDGET, GuardedFetch, TokenBudget, credentials_key
-from .config import check_seconds, endpoint_or_env
+from .config import check_seconds, endpoint_or_env, shown_url
 from .constants import (
     ENV_AUTH_URL,
     ENV_BASE_URL,
@@ -85,18 +85,23 @@ def store_from_env(environ: Mapping[str, str]) -> TokenStore | None:
     timeout = _seconds(environ, ENV_TOKEN_STORE_TIMEOUT, STORE_TIMEOUT)
     connect_timeout = _seconds(environ, ENV_TOKEN_STORE_CONNECT_TIMEOUT, STORE_CONNECT_TIMEOUT)
     # Imported only here: each extra's module is the one place that needs its dependency.
-    if url.startswith("file://"):
-        from ..local import shared_store as local_store
+    try:
+        if url.startswith("file://"):
+            from ..local import shared_store as local_store
 
-        return local_store(url, timeout=timeout, connect_timeout=connect_timeout)
-    if url.startswith(REDIS_SCHEMES):
-        from ..redis import shared_store
+            return local_store(url, timeout=timeout, connect_timeout=connect_timeout)
+        if url.startswith(REDIS_SCHEMES):
+            from ..redis import shared_store
 
-        return shared_store(url, timeout=timeout, connect_timeout=connect_timeout)
+            return shared_store(url, timeout=timeout, connect_timeout=connect_timeout)
+    except ConfigurationError as exc:
+        # The message quotes the URL; which variable gave it is known only here.
+        raise ConfigurationError(f"{ENV_TOKEN_STORE_URL}: {exc}") from None
     raise ConfigurationError(
-        f"{ENV_TOKEN_STORE_URL} must be a file:///absolute/directory URL (a store on this "
-        "host) or a Redis URL: redis://, rediss:// or unix://, redis+cluster:// (a Redis "
-        "Cluster) or redis+sentinel:// (Sentinel), with rediss+ for TLS"
+        f"{ENV_TOKEN_STORE_URL}={shown_url(url)} must be a file:///absolute/directory URL (a "
+        "store on this host) or a Redis URL: redis://, rediss:// or unix://, "
+        "redis+cluster:// (a Redis Cluster) or redis+sentinel:// (Sentinel), with rediss+ "
+        "for TLS"
     )
 
 
@@ -207,6 +212,8 @@ def token_manager(
             emit=subscribers,
             source=source,
             server=_host_and_port(token_url),
+            token_url=str(token_url),
+            route=getattr(post, "route", None),
         )
 
     if share:

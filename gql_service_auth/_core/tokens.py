@@ -66,7 +66,8 @@ _Steps = Generator[Flight, AccessToken, AccessToken | NotNow]
 
 # fmt: off
 _SETTINGS = ("_fetch", "_source", "_refresh_margin", "_default_expires_in", "_fetch_timeout",
-             "_cooldown", "_max_attempts", "_renewal_backoff", "_clock", "_emit", "_server")
+             "_cooldown", "_max_attempts", "_renewal_backoff", "_clock", "_emit", "_server",
+             "_token_url", "_route")
 # fmt: on
 """What a copy of a manager keeps (all that ``__init__`` was given): no token, no state."""
 
@@ -123,9 +124,14 @@ class TokenManager:
         emit: Callable[[AuthEvent], None] | None = None,
         source: TokenSource = ENDPOINT,
         server: tuple[str, int | None] | None = None,
+        token_url: str | None = None,
+        route: Callable[[str], str | None] | None = None,
     ) -> None:
         self._fetch = fetch
         self._server = server
+        #: Where a fetch that fails for want of an answer says it went (see _core/diagnosis.py).
+        self._token_url = token_url
+        self._route = route
         self._source = source
         self._renewal_backoff = renewal_backoff
         self._refresh_margin = refresh_margin
@@ -456,7 +462,8 @@ class TokenManager:
 
         Many requests that fail with the same token cause one renewal: the first call
         drops it, the others find it already gone and renew nothing. A refused token that
-        no answer had accepted counts towards the pause of renewals.
+        no answer had accepted counts towards the pause of renewals, unless it had expired
+        by then (it waited in a queue longer than it lived).
 
         Args:
             token: The token refused.
@@ -466,13 +473,21 @@ class TokenManager:
         Returns:
             Whether ``token`` was the cached token.
         """
+        expired = self.expired(token)
         with self._lock:
-            dropped = self._refusals.refused(token, current=self._token, answer=answer)
+            dropped = self._refusals.refused(
+                token, current=self._token, answer=answer, expired=expired
+            )
             if dropped:
                 self._token = None
         if dropped:
             self._emit(AuthEvent("token_rejected"))
         return dropped
+
+    def expired(self, token: AccessToken) -> bool:
+        """Whether ``token`` is past the last moment it is sent: a refusal of it says
+        nothing of the credentials, only that the request waited too long on its way."""
+        return self._clock() >= token.usable_until
 
     def standing(self, token: AccessToken) -> Literal["newer", "replacement", "older"]:
         """How ``token`` stands to the latest refusal (see :meth:`Refusals.standing`)."""
@@ -532,7 +547,7 @@ class TokenManager:
             # The fetch's frames are done: their locals (the grant's form, aiohttp's
             # headers) go, since crash reporters read the locals of tracebacks.
             clear_locals(exc)
-            error = fetch_failure(exc, limit)
+            error = fetch_failure(exc, limit, self._token_url, self._route)
             # Events go out before the outcome is published, so a caller that has its
             # token or its error can count on the hook having seen the fetch.
             try:

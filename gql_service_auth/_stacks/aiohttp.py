@@ -24,13 +24,19 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from .._core import fork as _fork
-from .._core.config import check_url
+from .._core.config import check_url, environment_proxy
 from .._core.errors import ConfigurationError
 from .._core.rotation import Credentials
 
 # Imported for what it does: it registers how aiohttp errors are scrubbed.
 from . import aiohttp_redact  # noqa: F401
 from .gql import AnswerHeadersApart, Bare401, as_given, bare_401, stream_as_given
+from .readiness import ChecksAsync
+from .unanswered import explained, past_deadline, register
+
+# What aiohttp raises when no answer came, which the transports explain (see
+# _stacks/unanswered.py); its ServerTimeoutError is an asyncio.TimeoutError too.
+register((aiohttp.ClientConnectionError, aiohttp.ClientHttpProxyError), ())
 
 if TYPE_CHECKING:
     from aiohttp.client import _RequestContextManager
@@ -104,9 +110,11 @@ class SharedArgs:
         raise TypeError("SharedArgs is rebuilt, not copied")
 
 
-class AuthenticatingTransport(AnswerHeadersApart, AIOHTTPTransport):
-    """What both transports share: argument checks, sessions per event loop, copying, and
-    the calls that carry the caller's own ``Authorization``."""
+class AuthenticatingTransport(ChecksAsync, AnswerHeadersApart, AIOHTTPTransport):
+    """What both transports share: argument checks, sessions per event loop, copying, the
+    calls that carry the caller's own ``Authorization``, and ``check()``."""
+
+    _check_connected_attribute = "session"  # this event loop's
 
     # The post arguments of the credential last sent without extra_args (see SharedArgs).
     _shared_args: SharedArgs | None = None
@@ -175,6 +183,30 @@ class AuthenticatingTransport(AnswerHeadersApart, AIOHTTPTransport):
             client_session_args=client_session_args,
         )
         _fork.reset_in_child(self)
+
+    # What a request that got no answer names (see _stacks/unanswered.py).
+    def _unanswered_timeout(self, cause: BaseException, given: object) -> float | None:
+        if self.timeout is not None:
+            return float(self.timeout)
+        timeout = (self.client_session_args or {}).get("timeout")
+        total = getattr(timeout, "total", None)
+        return float(total) if isinstance(total, int | float) else None
+
+    def _unanswered_proxy(self) -> str | None:
+        args = self.client_session_args or {}
+        proxy = args.get("proxy")
+        if proxy is not None:
+            named = URL(str(proxy))
+            return f"{named.host}:{named.port} (client_session_args['proxy'])"
+        return environment_proxy(str(self.url), bool(args.get("trust_env", False)))
+
+    def _unanswered(
+        self, failure: BaseException, started: float, token_url: str | None = None
+    ) -> BaseException:
+        """What a call that raised ``failure`` raises: the error of a deadline that passed
+        while it waited, the package's error for no GraphQL answer, or ``failure``."""
+        late = past_deadline(failure, started, self, token_url)
+        return late if late is not None else explained(failure, self)
 
     def __repr__(self) -> str:
         # getattr: a constructor that failed leaves an instance without url, which a

@@ -20,6 +20,7 @@ from yarl import URL
 
 from .._core import fork as _fork
 from .._core.constants import MAX_TOKEN_RESPONSE_BYTES
+from .._core.diagnosis import proxy_clause, token_unreachable_hint
 from .._core.errors import ConfigurationError, TokenRequestError
 from .._core.oauth2 import FormAnswer, secrets_sent
 from .._core.redact import redact_chain, redact_text
@@ -63,6 +64,10 @@ class AiohttpFormPoster:
         :meth:`TokenSession.sharing_key`); an ``SSLContext`` counts as itself."""
         ssl_key = self._ssl_key if self._ssl_key is not None else hashable(self._ssl)
         return (ssl_key, self._session.sharing_key(url))
+
+    def route(self, url: str | URL) -> str | None:
+        """The proxy a token request to ``url`` goes through, named without credentials."""
+        return self._session.route(url)
 
     def secrets(self) -> list[str]:
         """The proxy credentials a request may carry, which an answer may quote back."""
@@ -122,14 +127,22 @@ class AiohttpFormPoster:
             proxied = isinstance(
                 exc, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)
             )
+            proxy = settings.route(url)
+            reason = (
+                f"no answer from the token endpoint {url}{proxy_clause(proxy)} within "
+                f"{timeout:.1f} s (what RetryPolicy.timeout left this attempt)"
+                if isinstance(exc, asyncio.TimeoutError)
+                else f"could not reach the token endpoint {url}{proxy_clause(proxy)} "
+                f"({type(exc).__name__}: {detail})"
+            )
             raise TokenRequestError(
-                f"could not reach the token endpoint ({type(exc).__name__}: {detail})",
+                reason,
                 retryable=True,
                 hint=(
                     "Check the token request's proxy (token_proxy, token_session_args, or "
                     "HTTP_PROXY/HTTPS_PROXY with trust_env) and its credentials"
                     if proxied
-                    else "Check token_url and the network; this is retried within RetryPolicy"
+                    else token_unreachable_hint(proxy)
                 ),
             ) from exc
 

@@ -26,7 +26,7 @@ from urllib.request import getproxies, proxy_bypass
 
 from yarl import URL
 
-from .._core.config import is_loopback
+from .._core.config import environment_proxy, is_loopback
 from .._core.errors import ConfigurationError, TokenRequestError
 from .._core.sharing import Same
 
@@ -125,6 +125,15 @@ class TokenSession:
     def __repr__(self) -> str:
         proxy = f"{self.proxy.host}:{self.proxy.port}" if self.proxy is not None else None
         return f"<TokenSession trust_env={self.trust_env} proxy={proxy}>"
+
+    def route(self, url: str | URL) -> str | None:
+        """The proxy a request to ``url`` goes through, named without credentials (and,
+        for the environment's, by the variable that names it); ``None`` for none."""
+        if self.proxy is not None:
+            return f"{self.proxy.host}:{self.proxy.port} (the token request's proxy)"
+        if not self.trust_env:
+            return None
+        return environment_proxy(str(url))
 
     def secrets(self) -> list[str]:
         """The proxy's credentials in every form a request or an error may show them.

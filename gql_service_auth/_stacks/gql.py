@@ -279,7 +279,9 @@ def refused_error(outcome: Refused[Any], secrets: list[str]) -> UnauthenticatedE
     """The error that ends a request the service refused (OAuth2)."""
     answer, raw = outcome.last.answer, outcome.last.raw
     if outcome.reason is None:
-        message = exhausted_message(answer, outcome.renewals)
+        token = outcome.token
+        lived = round(token.expires_at - token.obtained_at, 1) if outcome.expired else None
+        message = exhausted_message(answer, outcome.renewals, lived)
     else:
         message = not_resent_message(answer, outcome.reason, dropped=outcome.dropped)
     if isinstance(raw, Bare401):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
@@ -47,6 +48,7 @@ from .gql import (
     runs_query,
     scrubbed,
 )
+from .unanswered import ServiceEndpoint, explained, past_deadline
 
 _T = TypeVar("_T")
 
@@ -447,9 +449,16 @@ def _has_errors(answer: object) -> bool:
     return bool(getattr(answer, "errors", None))
 
 
-def oauth2_call(call: Callable[[], _T], rules: OAuth2Rules) -> _T:
+def oauth2_call(
+    call: Callable[[], _T],
+    rules: OAuth2Rules,
+    transport: ServiceEndpoint,
+    given_timeout: object = None,
+) -> _T:
     """``call()`` (gql's ``execute`` or ``execute_batch``) of an OAuth2 transport of
-    ``rules``: its answer, or the package's error."""
+    ``rules``: its answer, or the package's error (one that names what to check when no
+    GraphQL answer came from ``transport``'s API, see :func:`explained`; ``given_timeout``,
+    the call's own timeout, is the bound it names)."""
     record = Exchange(rules)
     reset = _EXCHANGE.set(record)
     try:
@@ -462,33 +471,57 @@ def oauth2_call(call: Callable[[], _T], rules: OAuth2Rules) -> _T:
         return oauth2_answer(answer, record.refused, rules.secrets(record.secrets))
     finally:
         _EXCHANGE.reset(reset)
-    raise failure  # outside the except block: gql's wrapper stays out of our error's chain
+    # Outside the except block: gql's wrapper stays out of our error's chain.
+    raise explained(failure, transport, given_timeout)
 
 
-async def oauth2_call_async(call: Callable[[], Awaitable[_T]], rules: OAuth2Rules) -> _T:
-    """:func:`oauth2_call` for an async transport."""
+async def oauth2_call_async(
+    call: Callable[[], Awaitable[_T]],
+    rules: OAuth2Rules,
+    transport: ServiceEndpoint,
+    given_timeout: object = None,
+) -> _T:
+    """:func:`oauth2_call` for an async transport; a deadline around the call that passes
+    while it waits ends it with :class:`~gql_service_auth.ServiceTimeoutError`."""
     record = Exchange(rules)
     reset = _EXCHANGE.set(record)
+    started = time.monotonic()
     try:
         answer = await call()
     except TransportError as exc:
         failure = oauth2_failure(exc, record.refused, rules.secrets(record.secrets))
+    except BaseException as exc:
+        waiting = rules.tokens.fresh(0.0) is None  # still waiting for its token
+        token_url = str(getattr(transport, "token_url", "")) if waiting else None
+        late = past_deadline(exc, started, transport, token_url or None)
+        if late is None:
+            raise
+        raise late from None
     else:
         if record.refused is None and not _has_errors(answer):
             return answer
         return oauth2_answer(answer, record.refused, rules.secrets(record.secrets))
     finally:
         _EXCHANGE.reset(reset)
-    raise failure
+    raise explained(failure, transport, given_timeout)
 
 
-def api_key_call(call: Callable[[], _T], rules: ApiKeyRules, instead: str, *, given: bool) -> _T:
+def api_key_call(
+    call: Callable[[], _T],
+    rules: ApiKeyRules,
+    instead: str,
+    *,
+    given: bool,
+    transport: ServiceEndpoint,
+    given_timeout: object = None,
+) -> _T:
     """``call()`` of an API key transport: its answer, or the package's error.
 
     ``rules`` give what answers may quote, and hear of a refused key; ``instead`` names the
     OAuth2 transport of the same stack, which a refusal advises. ``given``: the call
     carried the caller's own ``Authorization``, which the auth left alone: a refusal is of
-    that header, not of the key, and is gql's to raise.
+    that header, not of the key, and is gql's to raise. ``transport``: whose API a call
+    that got no GraphQL answer names (see :func:`explained`).
     """
     try:
         answer = call()
@@ -498,7 +531,7 @@ def api_key_call(call: Callable[[], _T], rules: ApiKeyRules, instead: str, *, gi
         if not _has_errors(answer):
             return answer
         return _api_key_answer(answer, rules, instead, given)
-    raise failure
+    raise explained(failure, transport, given_timeout)
 
 
 async def api_key_call_async(
@@ -507,17 +540,26 @@ async def api_key_call_async(
     instead: str,
     *,
     given: bool,
+    transport: ServiceEndpoint,
+    given_timeout: object = None,
 ) -> _T:
-    """:func:`api_key_call` for an async transport."""
+    """:func:`api_key_call` for an async transport; a deadline around the call that
+    passes while it waits ends it with :class:`~gql_service_auth.ServiceTimeoutError`."""
+    started = time.monotonic()
     try:
         answer = await call()
     except TransportError as exc:
         failure = _api_key_failure(exc, rules, instead, given)
+    except BaseException as exc:
+        late = past_deadline(exc, started, transport)
+        if late is None:
+            raise
+        raise late from None
     else:
         if not _has_errors(answer):
             return answer
         return _api_key_answer(answer, rules, instead, given)
-    raise failure
+    raise explained(failure, transport, given_timeout)
 
 
 def _api_key_failure(

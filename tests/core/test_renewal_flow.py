@@ -83,6 +83,9 @@ class Ledger:
     def loaded(self, token: AccessToken) -> bool:
         return token.generation in self.loaded_generations
 
+    def expired(self, token: AccessToken) -> bool:
+        return False
+
 
 class Service:
     """Hands out tokens in sequence and answers sends from a script; records both."""
