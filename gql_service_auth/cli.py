@@ -54,6 +54,7 @@ from ._core.errors import (
     UnauthenticatedError,
 )
 from ._core.events import AuthEvent
+from ._core.oauth2 import RetryPolicy
 from .transports import ApiKeyTransport, OAuth2Transport
 
 EXIT_OK: Final = 0
@@ -395,11 +396,14 @@ async def _check(args: argparse.Namespace, environ: Mapping[str, str]) -> _Repor
             return report
 
     events: list[AuthEvent] = []
+    # On a sync stack the token's fetch is bounded by its RetryPolicy alone: --timeout.
+    fetch = {"retry": RetryPolicy(timeout=args.timeout)} if sync else {}
     oauth2 = oauth2_class.from_env(
         settings,
         allow_insecure_http=args.allow_insecure_http,
         on_event=lambda event: events.append(event) if event.name in _TOKEN_EVENTS else None,
         **bounds,
+        **fetch,
     )
     failure = await _query_step(report, "oauth2", oauth2, args, events)
     if report.ok:

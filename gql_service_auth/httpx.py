@@ -44,7 +44,7 @@ from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._core.config import check_url, environment_proxy
+from ._core.config import check_url, environment_proxy, proxy_login
 from ._core.errors import ConfigurationError
 from ._core.fork import DropsClientInChild
 from ._core.redact import forgets_on_error
@@ -66,8 +66,14 @@ from ._stacks.unanswered import register
 # What httpx raises when no answer came, which the transports explain (see
 # _stacks/unanswered.py).
 register(
-    (_gql_httpx.NetworkError, _gql_httpx.TimeoutException, _gql_httpx.ProxyError),
+    (
+        _gql_httpx.NetworkError,
+        _gql_httpx.TimeoutException,
+        _gql_httpx.ProxyError,
+        _gql_httpx.RemoteProtocolError,
+    ),
     (_gql_httpx.TimeoutException,),
+    connect=(_gql_httpx.ConnectError,),
 )
 
 _TIMEOUT_PHASES: Final = {
@@ -214,7 +220,6 @@ class _Endpoint:
 
     url: Any
     kwargs: dict[str, Any]
-    _check_connected_attribute = "client"  # check() connects a transport without one
 
     def _unanswered_timeout(self, cause: BaseException, given: object) -> float | None:
         # The call's timeout (extra_args), else the client's, for the phase that ran out.
@@ -228,6 +233,10 @@ class _Endpoint:
         seconds = getattr(timeout, phase, None)
         return float(seconds) if isinstance(seconds, int | float) else None
 
+    def _unanswered_proxy_logins(self) -> list[str]:
+        proxy = self.kwargs.get("proxy")
+        return proxy_login(getattr(proxy, "url", proxy)) if proxy is not None else []
+
     def _unanswered_proxy(self) -> str | None:
         proxy = self.kwargs.get("proxy")
         if proxy is not None:
@@ -239,8 +248,6 @@ class _Endpoint:
 
 class _ChecksBlocking(ChecksBlocking):
     """``check()`` of the sync httpx transports: its timeout goes to httpx's ``post``."""
-
-    _check_connected_attribute = "client"
 
     def _check_timeout_args(self, timeout: float) -> dict[str, Any]:
         return {"extra_args": {"timeout": timeout}}

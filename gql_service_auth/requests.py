@@ -20,8 +20,10 @@ try:
     from gql.transport.requests import RequestsHTTPTransport
     from requests.exceptions import ConnectionError as _ConnectionError
     from requests.exceptions import ConnectTimeout as _ConnectTimeout
+    from requests.exceptions import SSLError as _SSLError
     from requests.exceptions import Timeout as _Timeout
     from requests.utils import select_proxy
+    from urllib3.exceptions import NewConnectionError as _NewConnectionError
 
     from ._stacks.requests_auth import ApiKeyAuth, OAuth2Auth
 except ImportError as exc:  # pragma: no cover - the extra is installed for the tests
@@ -41,7 +43,7 @@ from gql.graphql_request import GraphQLRequest
 from graphql import ExecutionResult
 from yarl import URL
 
-from ._core.config import check_url, environment_proxy
+from ._core.config import check_url, environment_proxy, proxy_login
 from ._core.errors import ConfigurationError
 from ._core.fork import DropsClientInChild
 from ._core.redact import forgets_on_error
@@ -55,7 +57,12 @@ from ._stacks.unanswered import register
 
 # What requests raises when no answer came, which the transports explain (see
 # _stacks/unanswered.py); a ConnectTimeout is both.
-register((_ConnectionError, _Timeout), (_Timeout,))
+register(
+    (_ConnectionError, _Timeout),
+    (_Timeout,),
+    tls=(_SSLError,),
+    connect=(_NewConnectionError,),
+)
 
 # At run time: typing.get_type_hints() of the constructors resolves Unpack.
 if sys.version_info >= (3, 11):
@@ -124,11 +131,16 @@ class OAuth2RequestsOptions(RequestsOptions, TokenOptions, total=False):
     (:class:`RequestsOptions`) and the token's (:class:`~gql_service_auth.TokenOptions`)."""
 
 
+def _call_timeout(timeout: object, extra_args: Mapping[str, Any] | None) -> object:
+    """A call's own timeout: ``extra_args``' wins over ``timeout=``, as gql merges them."""
+    if extra_args and "timeout" in extra_args:
+        return extra_args["timeout"]
+    return timeout
+
+
 class _Endpoint(ChecksBlocking):
     """What a requests transport tells of a request that got no answer (see
     :class:`~gql_service_auth._stacks.unanswered.ServiceEndpoint`), and its ``check()``."""
-
-    _check_connected_attribute = "session"
 
     def _check_timeout_args(self, timeout: float) -> dict[str, Any]:
         return {"timeout": timeout}
@@ -144,6 +156,10 @@ class _Endpoint(ChecksBlocking):
         if isinstance(timeout, tuple) and len(timeout) == 2:
             timeout = timeout[0] if isinstance(cause, _ConnectTimeout) else timeout[1]
         return float(timeout) if isinstance(timeout, int | float) else None
+
+    def _unanswered_proxy_logins(self) -> list[str]:
+        proxies = getattr(self.session, "proxies", None) or self.kwargs.get("proxies") or {}
+        return [login for proxy in dict(proxies).values() for login in proxy_login(proxy)]
 
     def _unanswered_proxy(self) -> str | None:
         session = self.session
@@ -248,7 +264,7 @@ class ApiKeyRequestsTransport(
             "OAuth2RequestsTransport",
             given=given,
             transport=self,
-            given_timeout=timeout,
+            given_timeout=_call_timeout(timeout, extra_args),
         )
 
     @forgets_on_error
@@ -271,7 +287,7 @@ class ApiKeyRequestsTransport(
             "OAuth2RequestsTransport",
             given=given,
             transport=self,
-            given_timeout=timeout,
+            given_timeout=_call_timeout(timeout, extra_args),
         )
 
 
@@ -382,7 +398,10 @@ class OAuth2RequestsTransport(
         parent = super().execute
         args, _ = callers_own(extra_args)
         return oauth2_call(
-            partial(parent, request, timeout, args, upload_files), self._rules, self, timeout
+            partial(parent, request, timeout, args, upload_files),
+            self._rules,
+            self,
+            _call_timeout(timeout, extra_args),
         )
 
     @forgets_on_error
@@ -398,4 +417,9 @@ class OAuth2RequestsTransport(
         """
         parent = super().execute_batch
         args, _ = callers_own(extra_args)
-        return oauth2_call(partial(parent, reqs, timeout, args), self._rules, self, timeout)
+        return oauth2_call(
+            partial(parent, reqs, timeout, args),
+            self._rules,
+            self,
+            _call_timeout(timeout, extra_args),
+        )

@@ -239,8 +239,9 @@ class ApiKeyTransport(AuthenticatingTransport):
             clear_locals(exc)
             # Shown by repr: the answer's headers (which may echo the key), a per-request
             # proxy's password or cookie. What else this frame holds shows no secret.
+            call_timeout = extra_args.get("timeout") if extra_args else None
             response = answer = extra_args = None  # type: ignore[assignment]
-            failure = self._unanswered(exc, started)
+            failure = self._unanswered(exc, started, None, call_timeout)
             if failure is exc:
                 raise
             raise failure  # noqa: B904 - its cause is set: gql's error, or none
@@ -267,7 +268,10 @@ class ApiKeyTransport(AuthenticatingTransport):
             try:
                 refused_key = bare_401(exc, self._secrets())
             except BaseException as other:
-                raise self._unanswered(other, started) from exc
+                failure = self._unanswered(other, started)
+                if failure is other:
+                    raise
+                raise failure from failure.__cause__  # the stack's error, as execute's
             raise self._key_error(refused_key) from exc
         except BaseException as exc:
             failure = self._unanswered(exc, started)
@@ -498,9 +502,9 @@ class OAuth2Transport(RenewingTransport):
             clear_locals(exc)
             # Shown by repr: the answer's headers (which may echo the token), a per-request
             # proxy's password or cookie. What else this frame holds shows no secret.
+            call_timeout = extra_args.get("timeout") if extra_args else None
             response = answer = extra_args = None  # type: ignore[assignment]
-            waiting = self._tokens.fresh(0.0) is None  # still waiting for its token
-            failure = self._unanswered(exc, started, str(self.token_url) if waiting else None)
+            failure = self._unanswered(exc, started, self._tokens.waited_for, call_timeout)
             if failure is exc:
                 raise
             raise failure  # noqa: B904 - its cause is set: gql's error, or none
@@ -523,8 +527,7 @@ class OAuth2Transport(RenewingTransport):
         try:
             return await self._batch_renewed(reqs, extra_args)
         except BaseException as exc:
-            waiting = self._tokens.fresh(0.0) is None
-            failure = self._unanswered(exc, started, str(self.token_url) if waiting else None)
+            failure = self._unanswered(exc, started, self._tokens.waited_for)
             if failure is exc:
                 raise
             raise failure  # noqa: B904 - its cause is set: gql's error, or none

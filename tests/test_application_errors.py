@@ -17,13 +17,12 @@ from typing import Any
 import anyio
 import pytest
 from gql import Client
-from gql.graphql_request import GraphQLRequest
 from gql.transport.exceptions import (
     TransportConnectionFailed,
     TransportQueryError,
     TransportServerError,
 )
-from support import COUNT, HANG_GUARD, NO_WAIT, closed_port
+from support import COUNT, HANG_GUARD, NO_WAIT, closed_port, shown
 
 from gql_service_auth import (
     ApiKeyTransport,
@@ -208,32 +207,58 @@ def test_an_api_that_never_answers_names_the_calls_deadline(
     TimeoutError, as gql raises, that names the URL and the deadline, not an empty one."""
     url = f"http://127.0.0.1:{silent_port}/graphql"
     with pytest.raises(ServiceTimeoutError) as caught:
-        execute(make(case, emulator, url), execute_timeout=0.5)
+        execute(make(case, emulator, url), execute_timeout=1)
     error = caught.value
     assert isinstance(error, TimeoutError)
-    assert f"no answer from {url} within the 0.5 s the call was given" in str(error)
-    assert "execute_timeout" in str(error)
+    assert f"no answer from {url} within the 1 s of gql's execute_timeout" in str(error)
 
 
 @pytest.mark.parametrize("method", ["api_key", "oauth2"])
-def test_a_deadline_on_trio_is_named_too(
+def test_gqls_deadline_on_trio_is_named_too(
     emulator: Emulator, method: str, silent_port: int
 ) -> None:
-    """httpx under trio, an anyio deadline around the call: the same TimeoutError."""
+    """httpx under trio, gql's execute_timeout: the same TimeoutError."""
     trio = pytest.importorskip("trio")
     url = f"http://127.0.0.1:{silent_port}/graphql"
     transport = make(f"httpx-async-{method}", emulator, url)
 
     async def call() -> None:
-        await transport.connect()
-        try:
-            with anyio.fail_after(0.5):
-                await transport.execute(GraphQLRequest(COUNT))
-        finally:
-            await transport.close()
+        async with Client(transport=transport, execute_timeout=1) as session:
+            await session.execute(COUNT)
 
-    with pytest.raises(ServiceTimeoutError, match=f"no answer from {url} within the 0.5 s"):
+    with pytest.raises(ServiceTimeoutError, match=f"no answer from {url} within the 1 s"):
         trio.run(call)
+
+
+@pytest.mark.parametrize(
+    ("case", "library"),
+    [
+        *((case, "asyncio") for case in CASES if case.startswith(ASYNC_STACKS)),
+        ("httpx-async-api_key", "trio"),
+        ("httpx-async-oauth2", "trio"),
+    ],
+)
+def test_a_deadline_of_the_callers_own_moves_on_as_it_means_to(
+    emulator: Emulator, case: str, library: str, silent_port: int
+) -> None:
+    """An anyio or trio move_on_after around a query: its scope catches its cancellation
+    and moves on, as with gql's own transports; only gql's execute_timeout is told as our
+    error. A fail_after of the caller's raises its own TimeoutError."""
+    transport = make(case, emulator, f"http://127.0.0.1:{silent_port}/graphql")
+    caught: list[bool] = []
+
+    async def call() -> None:
+        async with Client(transport=transport, execute_timeout=HANG_GUARD) as session:
+            with anyio.move_on_after(0.3) as scope:
+                await session.execute(COUNT)
+            caught.append(scope.cancelled_caught)
+            with pytest.raises(TimeoutError) as raised:
+                with anyio.fail_after(0.3):
+                    await session.execute(COUNT)
+            assert not isinstance(raised.value, ServiceTimeoutError)
+
+    anyio.run(call, backend=library)
+    assert caught == [True]
 
 
 @pytest.mark.parametrize("case", [k for k in CASES if k.startswith(ASYNC_STACKS)])
@@ -339,3 +364,233 @@ def test_a_store_url_with_a_password_is_quoted_without_it(emulator: Emulator) ->
         OAuth2Transport.from_env(environ)
     assert "'memcached://u:***@h:1'" in str(caught.value)
     assert "hunter2" not in str(caught.value)
+
+
+class OneAnswer:
+    """A server on 127.0.0.1 that reads each request's head and answers it with ``reply``
+    (a status line), echoing the head in a header and the body (a proxy's error page that
+    quotes what it was sent), or, with ``reply=None``, closes the connection unanswered."""
+
+    def __init__(self, reply: bytes | None) -> None:
+        self.reply = reply
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(16)
+        self.socket.settimeout(0.1)
+        self.port: int = self.socket.getsockname()[1]
+        self.heads: list[bytes] = []
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closing.is_set():
+            try:
+                connection, _ = self.socket.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with connection:
+                connection.settimeout(HANG_GUARD)
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 65536:
+                    chunk = connection.recv(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+                self.heads.append(head)
+                if self.reply is not None:
+                    body = head  # what a debug page shows: the request it was sent
+                    connection.sendall(
+                        self.reply
+                        + b"Content-Type: text/plain\r\nConnection: close\r\n"
+                        + b"X-Echo: "
+                        + head.replace(b"\r\n", b" | ")
+                        + b"\r\nContent-Length: "
+                        + str(len(body)).encode()
+                        + b"\r\n\r\n"
+                        + body
+                    )
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(HANG_GUARD)
+        self.socket.close()
+
+
+@pytest.fixture
+def one_answer() -> Iterator[Callable[[bytes | None], OneAnswer]]:
+    servers: list[OneAnswer] = []
+
+    def start(reply: bytes | None) -> OneAnswer:
+        servers.append(OneAnswer(reply))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_connection_dropped_after_the_request_says_it_may_have_run(
+    emulator: Emulator, case: str, one_answer: Callable[[bytes | None], OneAnswer]
+) -> None:
+    """The service read the request and closed the connection: not "could not reach",
+    which invites a retry of a mutation that may have run, but what may have happened."""
+    server = one_answer(None)
+    url = f"http://127.0.0.1:{server.port}/graphql"
+    with pytest.raises(ServiceUnreachableError) as caught:
+        execute(make(case, emulator, url, timeout=HANG_GUARD))
+    assert "the request may have reached the service" in str(caught.value)
+    assert "could not reach" not in str(caught.value)
+    assert server.heads
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_certificate_that_fails_verification_is_told_as_tls(
+    emulator: Emulator, case: str, tmp_path: Any
+) -> None:
+    """An https API whose certificate is not trusted: a TLS failure, with what to check,
+    not a URL to fix."""
+    import ssl
+    import subprocess
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=HANG_GUARD,
+    )
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
+    thread.start()
+    try:
+        url = f"https://127.0.0.1:{server.server_address[1]}/graphql"
+        with pytest.raises(ServiceUnreachableError) as caught:
+            execute(make(case, emulator, url, timeout=HANG_GUARD))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(HANG_GUARD)
+    assert f"the TLS connection to {url} failed" in str(caught.value)
+
+
+@pytest.mark.parametrize("case", [k for k in CASES if not k.startswith("aiohttp")])
+def test_a_proxy_that_refuses_is_named_and_its_login_never_shown(
+    emulator: Emulator,
+    case: str,
+    one_answer: Callable[[bytes | None], OneAnswer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy answering 407 with the request it was sent (its login among it): the
+    error says the proxy refused, and nothing in its chain holds the login."""
+    proxy = one_answer(b"HTTP/1.1 407 Proxy Authentication Required\r\n")
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    login = f"http://proxyuser:proxy-pass-5e1f@127.0.0.1:{proxy.port}"
+    monkeypatch.setenv("HTTP_PROXY", login)
+    monkeypatch.setenv("http_proxy", login)
+    extra = {"retry": NO_WAIT} if case.endswith("oauth2") else {}
+    transport = make(case, emulator, timeout=HANG_GUARD, **extra)
+    with pytest.raises((ServiceHTTPError, TokenRequestError)) as caught:
+        execute(transport)
+    assert "407" in str(caught.value)
+    assert "proxy" in str(caught.value).lower()
+    basic = __import__("base64").b64encode(b"proxyuser:proxy-pass-5e1f").decode()
+    assert any(basic.encode() in head for head in proxy.heads)  # it was sent, and echoed
+    assert shown(caught.value, ["proxy-pass-5e1f", basic]) == []
+
+
+@pytest.mark.parametrize(
+    "case", [k for k in CASES if not k.startswith("aiohttp") and k.endswith("api_key")]
+)
+def test_a_proxy_that_no_proxy_skips_is_not_named(
+    emulator: Emulator,
+    case: str,
+    silent: Silent,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NO_PROXY as a CIDR block, which requests and httpx honour: the request went
+    direct, and the message names no proxy."""
+    for name in ("ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.0/8")
+    monkeypatch.setenv("no_proxy", "127.0.0.0/8")
+    url = f"http://127.0.0.1:{silent.port}/graphql"
+    with pytest.raises(ServiceUnreachableError) as caught:
+        execute(make(case, emulator, url, timeout=1))
+    assert f"no answer from {url} within 1 s" in str(caught.value)
+    assert "proxy" not in str(caught.value)
+
+
+@pytest.mark.parametrize("case", [k for k in OAUTH2_CASES if k.startswith(ASYNC_STACKS)])
+def test_a_query_that_waits_past_its_tokens_life_blames_the_api(
+    live_emulator: Emulator, case: str, silent: Silent
+) -> None:
+    """The token came, the query went, the API never answered while the token expired:
+    gql's deadline names the API, not the token endpoint."""
+    live_emulator.token_ttl = 1.0
+    url = f"http://127.0.0.1:{silent.port}/graphql"
+    with pytest.raises(ServiceTimeoutError) as caught:
+        execute(make(case, live_emulator, url), execute_timeout=2.5)
+    assert silent.reached.is_set()
+    assert f"no answer from {url}" in str(caught.value)
+    assert "token" not in str(caught.value)
+
+
+def test_the_errors_of_no_answer_survive_copy_and_pickle(emulator: Emulator) -> None:
+    """Process pools and task queues pickle exceptions: the code and message survive."""
+    import copy
+    import pickle
+
+    url = f"{emulator.base_url}/nothing/graphql"
+    with pytest.raises(ServiceHTTPError) as caught:
+        execute(make("requests-api_key", emulator, url))
+    for twin in (pickle.loads(pickle.dumps(caught.value)), copy.copy(caught.value)):
+        assert isinstance(twin, ServiceHTTPError)
+        assert twin.code == 404
+        assert str(twin) == str(caught.value)
+    for error in (ServiceUnreachableError("m"), ServiceTimeoutError("m")):
+        assert str(pickle.loads(pickle.dumps(error))) == "m"
+
+
+def test_a_store_url_with_a_password_in_its_query_is_quoted_without_it(
+    emulator: Emulator,
+) -> None:
+    environ = {**emulator.environ(), "SERVICE_TOKEN_STORE_URL": "valkey://h:1/0?password=hunter2"}
+    with pytest.raises(ConfigurationError) as caught:
+        OAuth2Transport.from_env(environ)
+    assert "hunter2" not in str(caught.value)
+    assert "'valkey://h:1/0?***'" in str(caught.value)

@@ -281,7 +281,7 @@ def test_an_api_that_never_answers_is_named_with_the_wait(
         code, out, _ = _run(capsys, ["check", "--method", "api-key", "--timeout", "0.5"], environ)
     assert code == 3
     line = _line(out, "API key")
-    assert f"no answer from {url}/graphql within the 0.5 s the call was given" in line
+    assert f"no answer from {url}/graphql within the 0.5 s of gql's execute_timeout" in line
     assert "check SERVICE_BASE_URL" in line
 
 

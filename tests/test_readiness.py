@@ -140,3 +140,40 @@ def test_a_bad_timeout_is_refused(emulator: Emulator, timeout: Any) -> None:
         with pytest.raises(ConfigurationError, match="timeout must be a positive number"):
             run_check(make(f"{stack}-api_key", emulator), f"{stack}-api_key", timeout=timeout)
     assert emulator.counters.graphql_requests == 0
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.rpartition("-")[0] not in SYNC])
+def test_checks_at_once_and_the_applications_own_calls_leave_each_other_alone(
+    emulator: Emulator, case: str
+) -> None:
+    """Probes overlapping each other and the application's calls that connect and close
+    the same transport (a client per unit of work): none fails the other, and the token
+    is one, shared."""
+    transport = make(case, emulator)
+
+    async def application() -> None:
+        for _ in range(10):
+            async with Client(transport=transport) as session:
+                await session.execute(COUNT)
+
+    async def probes() -> None:
+        for _ in range(10):
+            await asyncio.gather(*(transport.check() for _ in range(4)))
+
+    async def main() -> None:
+        await asyncio.gather(application(), probes())
+
+    asyncio.run(main())
+    assert emulator.counters.token_requests == (1 if case.endswith("oauth2") else 0)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.rpartition("-")[0] in SYNC])
+def test_checks_from_threads_leave_each_other_alone(emulator: Emulator, case: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    transport = make(case, emulator)
+    with ThreadPoolExecutor(8) as pool:
+        for future in [pool.submit(transport.check) for _ in range(24)]:
+            future.result(timeout=HANG_GUARD)
+    assert emulator.counters.graphql_requests == 24
+    assert emulator.counters.token_requests == (1 if case.endswith("oauth2") else 0)

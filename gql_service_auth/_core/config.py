@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import logging
 import math
+import os
 import urllib.request
 from collections.abc import Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from yarl import URL
 
@@ -157,7 +159,7 @@ def environment_proxy(url: str, trust_env: bool = True) -> str | None:
     proxies = urllib.request.getproxies_environment()
     scheme = parts.scheme or "http"
     value = proxies.get(scheme) or proxies.get("all")
-    if not value or urllib.request.proxy_bypass(parts.hostname or ""):
+    if not value or _bypassed(parts.hostname or "", parts.port):
         return None
     proxy = urlsplit(value if "://" in value else f"http://{value}")
     where = proxy.hostname or "?"
@@ -168,7 +170,8 @@ def environment_proxy(url: str, trust_env: bool = True) -> str | None:
 
 
 def shown_url(url: object) -> str:
-    """``url`` quoted for a message, with any password in it masked (a Redis URL's)."""
+    """``url`` quoted for a message, with any password in it (a Redis URL's, in its
+    user part or its query) masked, and its query with it."""
     text = str(url)
     try:
         parts = urlsplit(text)
@@ -178,5 +181,62 @@ def shown_url(url: object) -> str:
     if password:
         user = parts.username or ""
         host = parts.netloc.rpartition("@")[2]
-        text = urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    return repr(text)
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    if parts.query:  # ?password=... is a form of some URLs
+        parts = parts._replace(query="***")
+    return repr(urlunsplit(parts))
+
+
+def _bypassed(host: str, port: int | None) -> bool:
+    """Whether ``NO_PROXY`` keeps ``host`` from the proxy, as requests and httpx read it:
+    ``*``, a name and its subdomains, an address, a CIDR block, an optional ``:port``."""
+    value = os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or ""
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for entry in (part.strip().lower() for part in value.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name, _, entry_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if entry_port and port is not None and entry_port != str(port):
+            continue
+        if address is not None and "/" in name:
+            try:
+                if address in ipaddress.ip_network(name, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        name = name.lstrip(".")
+        if host.lower() == name or host.lower().endswith("." + name):
+            return True
+    return False
+
+
+def environment_proxy_logins() -> list[str]:
+    """The logins of the proxies the environment names (see :func:`proxy_login`): an
+    answer through one may quote them."""
+    return [
+        login
+        for value in urllib.request.getproxies_environment().values()
+        for login in proxy_login(value)
+    ]
+
+
+def proxy_login(proxy: object) -> list[str]:
+    """The password of a proxy URL, in the forms an answer may quote it: as it is, as
+    ``user:password``, and as the Basic credential sent for it; none without one."""
+    text = str(proxy)
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    try:
+        user, password = parts.username, parts.password
+    except ValueError:
+        return []
+    if not password:
+        return []
+    user, password = unquote(user or ""), unquote(password)
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return [password, f"{user}:{password}", basic]

@@ -27,7 +27,13 @@ def _after(gql_message: str, explanation: str) -> str:
 
 def http_status_message(gql_message: str, url: str, status: int) -> str:
     """The message of an HTTP error status from the API that carries no GraphQL answer."""
-    if status in (404, 405):
+    if status == 407:
+        why = (
+            f"the proxy on the way to {url} refused the request (HTTP 407 Proxy "
+            "Authentication Required): check the proxy's credentials (HTTP_PROXY, "
+            "HTTPS_PROXY, proxies=, proxy=), or NO_PROXY if the service needs no proxy"
+        )
+    elif status in (404, 405):
         why = f"nothing answers GraphQL at {url} (HTTP {status}): {_API_URL}"
     elif status in (502, 503, 504):
         why = (
@@ -55,18 +61,33 @@ def unreachable_message(
     url: str,
     *,
     timeout: float | None,
-    timed_out: bool,
+    failure: str,
     proxy: str | None,
 ) -> str:
-    """The message of a request to the API that got no answer: the connection failed,
-    or ``timeout`` (the transport's own bound, when known) ran out."""
+    """The message of a request to the API that got no answer. ``failure`` says how:
+    ``"timeout"`` (``timeout``, the transport's own bound, when known, ran out),
+    ``"connect"`` (no connection: refused, no such host), ``"tls"`` (the TLS handshake or
+    the certificate's check failed), or ``"dropped"`` (the connection failed once made:
+    the request may have reached the service)."""
     via = proxy_clause(proxy)
     check_proxy = "; check the proxy too, or NO_PROXY" if proxy else ""
-    if timed_out:
+    if failure == "timeout":
         bound = f" within {timeout:g} s (the transport's timeout)" if timeout else " in time"
         why = (
             f"no answer from {url}{via}{bound}: {_API_URL}, and that the service is up"
             f"{check_proxy}; a slower query needs a longer timeout"
+        )
+    elif failure == "tls":
+        why = (
+            f"the TLS connection to {url}{via} failed: check the server's certificate and "
+            "the transport's TLS setting (ssl=, verify=); never turn verification off for "
+            "the service"
+        )
+    elif failure == "dropped":
+        why = (
+            f"the connection to {url}{via} failed before an answer came: the request may "
+            "have reached the service, so check that a mutation did not take effect before "
+            f"sending it again{check_proxy}"
         )
     else:
         why = f"could not reach {url}{via}: {_API_URL}, the network and the service{check_proxy}"
@@ -74,23 +95,27 @@ def unreachable_message(
 
 
 def deadline_message(
-    url: str, seconds: float, *, token_url: str | None = None, proxy: str | None = None
+    url: str,
+    seconds: float,
+    *,
+    token_url: str | None = None,
+    proxy: str | None = None,
+    bound: str = "gql's execute_timeout",
 ) -> str:
-    """The message of a call whose deadline (gql's ``execute_timeout``) passed while it
-    waited for the API's answer (through ``proxy``), or for a token from ``token_url``."""
-    deadline = (
-        f"within the {seconds:.1f} s the call was given (gql's Client execute_timeout, or "
-        "a deadline of yours around the call)"
-    )
+    """The message of a call that a deadline (``seconds`` of ``bound``) ended while it
+    waited for the API's answer, or for a token from ``token_url`` (a fetch was under way
+    and no usable token in hand); ``proxy``: the one on the way, named."""
+    deadline = f"within the {seconds:g} s of {bound}"
+    check_proxy = "; check the proxy too, or NO_PROXY" if proxy else ""
     if token_url is not None:
         return (
-            f"no access token from {token_url} {deadline}, so no query was sent: "
-            f"{_TOKEN_URL} and that the authorization server is up"
+            f"no access token from {token_url}{proxy_clause(proxy)} {deadline} (a token "
+            f"fetch was still under way): {_TOKEN_URL}, and that the authorization server "
+            f"is up{check_proxy}"
         )
-    check_proxy = "; check the proxy too, or NO_PROXY" if proxy else ""
     return (
         f"no answer from {url}{proxy_clause(proxy)} {deadline}: {_API_URL}, and that the "
-        f"service is up{check_proxy}; a slower query needs a larger execute_timeout"
+        f"service is up{check_proxy}; a slower query needs a larger {bound.split()[-1]}"
     )
 
 

@@ -189,7 +189,9 @@ class ServiceHTTPError(GqlServiceAuthError, TransportServerError):
     httpx).
     """
 
-    def __init__(self, message: str, code: int | None) -> None:
+    def __init__(self, message: str, code: int | None = None) -> None:
+        # code is a keyword with a default: pickle and copy rebuild an error from its
+        # args (the message), then restore code from its __dict__.
         TransportServerError.__init__(self, message, code)
 
 

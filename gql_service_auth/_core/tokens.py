@@ -484,6 +484,14 @@ class TokenManager:
             self._emit(AuthEvent("token_rejected"))
         return dropped
 
+    def waited_for(self) -> tuple[str, str | None] | None:
+        """Where a call that timed out was waiting for its token: the token URL and the
+        proxy on the way, when no usable token is in hand and a fetch is under way;
+        ``None`` otherwise (the call waited for the API)."""
+        if self._flight is None or self.fresh(0.0) is not None or self._token_url is None:
+            return None
+        return self._token_url, self._route(self._token_url) if self._route else None
+
     def expired(self, token: AccessToken) -> bool:
         """Whether ``token`` is past the last moment it is sent: a refusal of it says
         nothing of the credentials, only that the request waited too long on its way."""

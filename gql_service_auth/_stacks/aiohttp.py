@@ -24,7 +24,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from .._core import fork as _fork
-from .._core.config import check_url, environment_proxy
+from .._core.config import check_url, environment_proxy, proxy_login
 from .._core.errors import ConfigurationError
 from .._core.rotation import Credentials
 
@@ -36,7 +36,12 @@ from .unanswered import explained, past_deadline, register
 
 # What aiohttp raises when no answer came, which the transports explain (see
 # _stacks/unanswered.py); its ServerTimeoutError is an asyncio.TimeoutError too.
-register((aiohttp.ClientConnectionError, aiohttp.ClientHttpProxyError), ())
+register(
+    (aiohttp.ClientConnectionError, aiohttp.ClientHttpProxyError),
+    (),
+    tls=(aiohttp.ClientSSLError, aiohttp.ServerFingerprintMismatch),
+    connect=(aiohttp.ClientConnectorError,),
+)
 
 if TYPE_CHECKING:
     from aiohttp.client import _RequestContextManager
@@ -114,8 +119,6 @@ class AuthenticatingTransport(ChecksAsync, AnswerHeadersApart, AIOHTTPTransport)
     """What both transports share: argument checks, sessions per event loop, copying, the
     calls that carry the caller's own ``Authorization``, and ``check()``."""
 
-    _check_connected_attribute = "session"  # this event loop's
-
     # The post arguments of the credential last sent without extra_args (see SharedArgs).
     _shared_args: SharedArgs | None = None
     _credentials: Credentials
@@ -186,11 +189,24 @@ class AuthenticatingTransport(ChecksAsync, AnswerHeadersApart, AIOHTTPTransport)
 
     # What a request that got no answer names (see _stacks/unanswered.py).
     def _unanswered_timeout(self, cause: BaseException, given: object) -> float | None:
-        if self.timeout is not None:
+        # The call's own (extra_args), else the one its session has (gql sets the
+        # transport's timeout there unless client_session_args gives one).
+        timeout = given
+        if timeout is None:
+            session = self.session
+            timeout = getattr(session, "timeout", None) if session is not None else None
+        if timeout is None and self.timeout is not None:
             return float(self.timeout)
-        timeout = (self.client_session_args or {}).get("timeout")
-        total = getattr(timeout, "total", None)
+        total = getattr(timeout, "total", timeout)
         return float(total) if isinstance(total, int | float) else None
+
+    def _unanswered_proxy_logins(self) -> list[str]:
+        args = self.client_session_args or {}
+        logins = proxy_login(args["proxy"]) if args.get("proxy") is not None else []
+        auth = args.get("proxy_auth")
+        if auth is not None and getattr(auth, "password", None):
+            logins += [auth.password, f"{auth.login}:{auth.password}", auth.encode().split()[-1]]
+        return logins
 
     def _unanswered_proxy(self) -> str | None:
         args = self.client_session_args or {}
@@ -201,12 +217,16 @@ class AuthenticatingTransport(ChecksAsync, AnswerHeadersApart, AIOHTTPTransport)
         return environment_proxy(str(self.url), bool(args.get("trust_env", False)))
 
     def _unanswered(
-        self, failure: BaseException, started: float, token_url: str | None = None
+        self,
+        failure: BaseException,
+        started: float,
+        token_wait: Callable[[], tuple[str, str | None] | None] | None = None,
+        given_timeout: object = None,
     ) -> BaseException:
-        """What a call that raised ``failure`` raises: the error of a deadline that passed
-        while it waited, the package's error for no GraphQL answer, or ``failure``."""
-        late = past_deadline(failure, started, self, token_url)
-        return late if late is not None else explained(failure, self)
+        """What a call that raised ``failure`` raises: the error of gql's deadline that
+        passed while it waited, the package's error for no GraphQL answer, or ``failure``."""
+        late = past_deadline(failure, started, self, token_wait)
+        return late if late is not None else explained(failure, self, given_timeout)
 
     def __repr__(self) -> str:
         # getattr: a constructor that failed leaves an instance without url, which a

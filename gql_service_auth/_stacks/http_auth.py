@@ -15,7 +15,6 @@ that go on the wire, not from a gql object that a caller may change meanwhile.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 import urllib.request
@@ -23,12 +22,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from gql.transport.exceptions import TransportError
 from graphql import GraphQLError, parse
 
-from .._core.config import is_loopback
+from .._core.config import is_loopback, proxy_login
 from .._core.constants import UNAUTHENTICATED
 from .._core.errors import ApiKeyRejectedError, ConfigurationError
 from .._core.events import Emitter
@@ -292,14 +291,8 @@ def check_proxy(url: object, proxy: str | None, given_as: str, allow: bool) -> N
 
 
 def _remember_proxy_login(proxy: str | None) -> None:
-    if not proxy:
-        return
-    login = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-    if login.password:
-        user, password = unquote(login.username or ""), unquote(login.password)
-        basic = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
-        remember(password, lasting=True)
-        remember(basic, lasting=True)
+    for secret in proxy_login(proxy) if proxy else ():
+        remember(secret, lasting=True)
 
 
 def remember_environment_proxies() -> None:
@@ -491,9 +484,7 @@ async def oauth2_call_async(
     except TransportError as exc:
         failure = oauth2_failure(exc, record.refused, rules.secrets(record.secrets))
     except BaseException as exc:
-        waiting = rules.tokens.fresh(0.0) is None  # still waiting for its token
-        token_url = str(getattr(transport, "token_url", "")) if waiting else None
-        late = past_deadline(exc, started, transport, token_url or None)
+        late = past_deadline(exc, started, transport, rules.tokens.waited_for)
         if late is None:
             raise
         raise late from None

@@ -5,7 +5,8 @@ contract's check query (``carriers(first: 1)``) goes through the transport itsel
 proves what the application's queries need (the token, or the key, accepted by the API
 at the URL given, through the same proxy and TLS settings). An OAuth2 transport keeps
 the token it fetched for it: a check costs at most one token request, none while a token
-is valid. A transport not yet connected is connected for the check and closed after it.
+is valid. The check connects a copy of the transport, and closes it after: the
+application's own connection is never touched.
 
 Failures raise what a query would (:class:`~gql_service_auth.TokenRequestError`,
 :class:`~gql_service_auth.UnauthenticatedError`, :class:`~gql_service_auth.ServiceHTTPError`
@@ -16,11 +17,15 @@ Failures raise what a query would (:class:`~gql_service_auth.TokenRequestError`,
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Final
 
 from gql.graphql_request import GraphQLRequest
 from gql.transport.exceptions import TransportQueryError
 from graphql import ExecutionResult, parse
+
+from .._core.diagnosis import deadline_message
+from .._core.errors import ServiceTimeoutError
 
 CHECK_QUERY: Final = "query GqlServiceAuthCheck { carriers(first: 1) { edges { node { id } } } }"
 """The contract's check query, asking for one carrier: the only query the service is
@@ -42,6 +47,15 @@ def _checked(result: ExecutionResult) -> None:
         raise TransportQueryError(str(result.errors[0]), errors=result.errors, data=result.data)
 
 
+def _probe_of(transport: object) -> Any:
+    """A transport of the same settings, not connected, that the check connects and
+    closes: it never touches the application's connection, which other tasks or threads
+    connect, use and close meanwhile (a probe that borrowed it failed when the
+    application closed it). The copy shares the transport's token manager: the token it
+    fetches, or uses, is the transport's."""
+    return copy.copy(transport)
+
+
 def _check_timeout(timeout: float) -> float:
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
         from .._core.errors import ConfigurationError
@@ -52,8 +66,6 @@ def _check_timeout(timeout: float) -> float:
 
 class ChecksBlocking:
     """``check()`` for the sync transports (requests, httpx)."""
-
-    _check_connected_attribute: str  # "session" (requests) or "client" (httpx)
 
     def _check_timeout_args(self, timeout: float) -> dict[str, Any]:
         """The keywords of ``execute`` that bound one request by ``timeout``."""
@@ -77,23 +89,18 @@ class ChecksBlocking:
             gql.transport.exceptions.TransportQueryError: a GraphQL error.
         """
         seconds = _check_timeout(timeout)
-        transport: Any = self
-        connected = getattr(self, self._check_connected_attribute, None) is not None
-        if not connected:
-            transport.connect()
+        probe = _probe_of(self)
+        probe.connect()
         try:
-            result = transport.execute(_request(), **self._check_timeout_args(seconds))
+            result = probe.execute(_request(), **self._check_timeout_args(seconds))
         finally:
-            if not connected:
-                transport.close()
+            probe.close()
         _checked(result)
 
 
 class ChecksAsync:
-    """``await check()`` for the async transports (aiohttp, httpx async), on asyncio or
-    trio."""
-
-    _check_connected_attribute: str  # "session" (aiohttp, per event loop) or "client"
+    """``await check()`` for the async transports: aiohttp on asyncio, httpx async on
+    asyncio or trio."""
 
     async def check(self, timeout: float = CHECK_TIMEOUT) -> None:
         """Check the credentials and the API now: the contract's check query, sent
@@ -116,13 +123,34 @@ class ChecksAsync:
 
         seconds = _check_timeout(timeout)
         transport: Any = self
-        connected = getattr(self, self._check_connected_attribute, None) is not None
-        if not connected:
-            await transport.connect()
+        probe = _probe_of(self)
+        connected = False
         try:
             with anyio.fail_after(seconds):
-                result = await transport.execute(_request())
+                await probe.connect()
+                connected = True
+                result = await probe.execute(_request())
+        except anyio.get_cancelled_exc_class():
+            raise
+        except TimeoutError as exc:
+            if isinstance(exc, ServiceTimeoutError):
+                raise
+            tokens = getattr(transport, "_tokens", None) or getattr(
+                getattr(transport, "_rules", None), "tokens", None
+            )
+            waited = getattr(tokens, "waited_for", None)
+            token = waited() if waited is not None else None
+            raise ServiceTimeoutError(
+                deadline_message(
+                    str(transport.url),
+                    seconds,
+                    token_url=token[0] if token else None,
+                    proxy=token[1] if token else transport._unanswered_proxy(),
+                    bound="check()'s timeout",
+                )
+            ) from None
         finally:
-            if not connected:
-                await transport.close()
+            if connected:
+                with anyio.CancelScope(shield=True):
+                    await probe.close()
         _checked(result)

@@ -225,6 +225,17 @@ class _RequestsRecords:
     def blank_requests(self, response: Response) -> None:
         _blank(response.request)
         _blank(response.next)  # the redirect it would have led to (allow_redirects=False)
+        # The adapter that sent it, the session's live one: its pool manager keys each
+        # proxy by its URL, password included. The record lets go of it; nothing that
+        # reads a response after the exchange needs it (only a redirect's resend does).
+        response.connection = None  # type: ignore[assignment]
+        # urllib3's response below it keeps its pool, whose proxy is that URL too: once
+        # its connection is back (or closed), it needs the pool no more.
+        raw: Any = response.raw
+        if raw is not None and getattr(raw, "_pool", None) is not None:
+            if getattr(raw, "_connection", None) is not None:
+                raw.close()  # unreleased: closed, never back in the pool with its bytes
+            raw._pool = None
 
     def headers(self, response: Response) -> list[tuple[str, str]]:
         return list(response.headers.items())

@@ -15,11 +15,16 @@ request went through (:class:`ServiceEndpoint`).
 from __future__ import annotations
 
 import asyncio
+import socket
+import ssl
+import sys
 import time
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Final, Protocol, runtime_checkable
 
 from gql.transport.exceptions import TransportConnectionFailed, TransportServerError
 
+from .._core.config import environment_proxy_logins
 from .._core.diagnosis import deadline_message, http_status_message, unreachable_message
 from .._core.errors import (
     GqlServiceAuthError,
@@ -27,18 +32,29 @@ from .._core.errors import (
     ServiceTimeoutError,
     ServiceUnreachableError,
 )
+from .._core.redact import redact_chain
 
 _NETWORK: tuple[type[BaseException], ...] = (asyncio.TimeoutError, TimeoutError)
 _TIMEOUTS: tuple[type[BaseException], ...] = (asyncio.TimeoutError, TimeoutError)
+_TLS: tuple[type[BaseException], ...] = (ssl.SSLError, ssl.CertificateError)
+_CONNECT: tuple[type[BaseException], ...] = (ConnectionRefusedError, socket.gaierror)
 
 
 def register(
-    network: tuple[type[BaseException], ...], timeouts: tuple[type[BaseException], ...]
+    network: tuple[type[BaseException], ...],
+    timeouts: tuple[type[BaseException], ...],
+    *,
+    tls: tuple[type[BaseException], ...] = (),
+    connect: tuple[type[BaseException], ...] = (),
 ) -> None:
-    """Errors of a stack's client that mean no answer came (``timeouts``: in time)."""
-    global _NETWORK, _TIMEOUTS
+    """Errors of a stack's client that mean no answer came: ``timeouts`` in time, ``tls``
+    a failed TLS check, ``connect`` no connection made; any other of ``network`` a
+    connection that failed once made."""
+    global _NETWORK, _TIMEOUTS, _TLS, _CONNECT
     _NETWORK = (*_NETWORK, *network)
     _TIMEOUTS = (*_TIMEOUTS, *timeouts)
+    _TLS = (*_TLS, *tls)
+    _CONNECT = (*_CONNECT, *connect)
 
 
 @runtime_checkable
@@ -54,18 +70,36 @@ class ServiceEndpoint(Protocol):
         ``given``: the call's own (requests' ``timeout=``, httpx's in ``extra_args``)."""
 
     def _unanswered_proxy(self) -> str | None:
-        """The proxy the API's requests go through, named without credentials."""
+        """The proxy the API's requests go through, named without credentials. (A
+        transport may also tell the logins of its own proxies, which an answer may quote,
+        by an ``_unanswered_proxy_logins()`` method.)"""
 
 
 def _in_chain(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first error of ``kinds`` in ``exc``'s chain, causes and contexts, and the errors
+    a stack's error holds as its ``reason`` or its arguments (urllib3's and requests')."""
     seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
+    pending: list[object] = [exc]
+    while pending and len(seen) < 64:
+        link = pending.pop(0)
+        if not isinstance(link, BaseException) or id(link) in seen:
+            continue
         seen.add(id(link))
         if isinstance(link, kinds):
             return link
-        link = link.__cause__ or link.__context__
+        pending += [link.__cause__, link.__context__, getattr(link, "reason", None), *link.args]
     return None
+
+
+def _how(failure: BaseException) -> str:
+    """How a request that got no answer failed (see ``unreachable_message``)."""
+    if _in_chain(failure, _TIMEOUTS) is not None:
+        return "timeout"
+    if _in_chain(failure, _TLS) is not None:
+        return "tls"
+    if _in_chain(failure, _CONNECT) is not None:
+        return "connect"
+    return "dropped"
 
 
 def explained(
@@ -90,22 +124,26 @@ def explained(
         cause = _in_chain(failure, _NETWORK)
         if cause is None:
             return failure
-        timed_out = _in_chain(failure, _TIMEOUTS) is not None
+        how = _how(failure)
+        timeout = _in_chain(failure, _TIMEOUTS) if how == "timeout" else None
         error = ServiceUnreachableError(
             unreachable_message(
                 str(failure),
                 url,
-                timeout=transport._unanswered_timeout(cause, given_timeout) if timed_out else None,
-                timed_out=timed_out,
+                timeout=transport._unanswered_timeout(timeout, given_timeout) if timeout else None,
+                failure=how,
                 proxy=transport._unanswered_proxy(),
             )
         )
     else:
         return failure
     # The stack's error, as gql's had it: code written for gql reads the response there
-    # (``exc.__cause__.response`` on requests and httpx); gql's message leads ours.
+    # (``exc.__cause__.response`` on requests and httpx); gql's message leads ours. A proxy
+    # may have quoted the login it was sent, in the answer the chain keeps.
     error.__cause__ = failure.__cause__ or failure
     error.__suppress_context__ = True
+    logins = getattr(transport, "_unanswered_proxy_logins", None)
+    redact_chain(error, [*environment_proxy_logins(), *(logins() if logins else [])])
     return error
 
 
@@ -113,16 +151,20 @@ def past_deadline(
     failure: BaseException,
     started: float,
     transport: ServiceEndpoint,
-    token_url: str | None = None,
+    token_wait: Callable[[], tuple[str, str | None] | None] | None = None,
 ) -> ServiceTimeoutError | None:
-    """The error of a call cancelled because a deadline around it passed (gql's
-    ``execute_timeout``, an anyio or trio scope's), or ``None`` for any other failure,
-    which goes on as it is (a cancellation of another kind among them).
+    """The error of a call that gql's ``execute_timeout`` ended, or ``None`` for any other
+    failure, which goes on as it is: a cancellation of any other kind among them (a task
+    cancelled, a deadline of the caller's own, such as a trio ``move_on_after``, whose
+    scope must see its cancellation to move on).
 
-    Raising it in place of the cancellation is what the deadline's own scope would do
-    (gql's ``fail_after`` raises a ``TimeoutError``), with the URL and the bound in the
-    message. ``started``: ``time.monotonic()`` when the call began. ``token_url``: the
-    call was still waiting for its token.
+    gql's client runs the call in ``anyio.fail_after(execute_timeout)`` and raises a bare
+    ``TimeoutError`` once it fires; this is that ``TimeoutError``, with the URL and the
+    bound in its message. It is gql's deadline when the call's own caller is gql's
+    session, and the call has run as long as that session's ``execute_timeout`` (the
+    caller's deadline, if any, may be the one that passed). ``started``:
+    ``time.monotonic()`` when the call began. ``token_wait()``: the token URL and its
+    proxy, when the call was still waiting for a token.
     """
     try:
         import anyio
@@ -135,13 +177,54 @@ def past_deadline(
             return None  # no deadline passed: cancelled for another reason
     except Exception:  # no event loop anyio knows of
         return None
-    error = ServiceTimeoutError(
-        deadline_message(
-            str(transport.url),
-            time.monotonic() - started,
-            token_url=token_url,
-            proxy=None if token_url else transport._unanswered_proxy(),
+    elapsed = time.monotonic() - started
+    timeout = _gql_execute_timeout()
+    if timeout is None or elapsed < timeout - max(_SLACK, timeout * _SLACK_SHARE):
+        return None  # a deadline of the caller's: its scope's to handle
+    waited = token_wait() if token_wait is not None else None
+    if waited is not None:
+        token_url, proxy = waited
+        message = deadline_message(str(transport.url), timeout, token_url=token_url, proxy=proxy)
+    else:
+        message = deadline_message(
+            str(transport.url), timeout, proxy=transport._unanswered_proxy()
         )
-    )
+    error = ServiceTimeoutError(message)
     error.__suppress_context__ = True
     return error
+
+
+_SLACK: Final = 0.25
+_SLACK_SHARE: Final = 0.1
+"""How much earlier than gql's deadline the call may have started: gql enters its
+``fail_after`` and calls the transport with no wait between, but a busy host may preempt
+the thread there. A deadline of the caller's that passes in the last tenth of
+``execute_timeout`` (or its last 0.25 s) is taken for gql's."""
+
+_FRAMES: Final = 12
+"""Frames looked up for gql's session: the package's own few wrappers lie in between."""
+
+
+def _gql_execute_timeout() -> float | None:
+    """The ``execute_timeout`` of the gql session whose ``_execute`` awaits this call, or
+    ``None`` when no gql session does (the caller awaits the transport itself).
+
+    Read off the calling frames, once, on the failure path only: gql hands a transport
+    no handle on its client, and its deadline's scope is anonymous.
+    """
+    try:
+        from gql.client import AsyncClientSession
+
+        code = AsyncClientSession._execute.__code__
+    except (ImportError, AttributeError):  # pragma: no cover - another gql
+        return None
+    frame = sys._getframe(1)
+    for _ in range(_FRAMES):
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            client = getattr(frame.f_locals.get("self"), "client", None)
+            timeout = getattr(client, "execute_timeout", None)
+            return float(timeout) if isinstance(timeout, int | float) else None
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
