@@ -84,23 +84,23 @@ def execute(transport: Any, execute_timeout: float = HANG_GUARD) -> Any:
     return asyncio.run(run())
 
 
-class Silent:
-    """A server on 127.0.0.1 that accepts connections and never answers; ``reached`` is
-    set once one came."""
+class Loopback:
+    """A server on 127.0.0.1 whose thread hands each connection to :meth:`handle`."""
 
     def __init__(self) -> None:
         self.socket = socket.socket()
         self.socket.bind(("127.0.0.1", 0))
         self.socket.listen(64)
+        self.socket.settimeout(0.1)  # a blocked accept() does not wake when closed
         self.port: int = self.socket.getsockname()[1]
-        self.reached = threading.Event()
-        self._held: list[socket.socket] = []
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
+    def handle(self, connection: socket.socket) -> None:
+        raise NotImplementedError
+
     def _accept(self) -> None:
-        self.socket.settimeout(0.1)  # a blocked accept() does not wake when closed
         while not self._closing.is_set():
             try:
                 connection, _ = self.socket.accept()
@@ -108,13 +108,28 @@ class Silent:
                 continue
             except OSError:
                 return
-            self._held.append(connection)
-            self.reached.set()
+            self.handle(connection)
 
     def close(self) -> None:
         self._closing.set()
         self._thread.join(HANG_GUARD)
         self.socket.close()
+
+
+class Silent(Loopback):
+    """Accepts connections and never answers; ``reached`` is set once one came."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self._held: list[socket.socket] = []
+        super().__init__()
+
+    def handle(self, connection: socket.socket) -> None:
+        self._held.append(connection)
+        self.reached.set()
+
+    def close(self) -> None:
+        super().close()
         for connection in self._held:
             connection.close()
 
@@ -366,57 +381,38 @@ def test_a_store_url_with_a_password_is_quoted_without_it(emulator: Emulator) ->
     assert "hunter2" not in str(caught.value)
 
 
-class OneAnswer:
-    """A server on 127.0.0.1 that reads each request's head and answers it with ``reply``
-    (a status line), echoing the head in a header and the body (a proxy's error page that
-    quotes what it was sent), or, with ``reply=None``, closes the connection unanswered."""
+class OneAnswer(Loopback):
+    """Reads each request's head and answers it with ``reply`` (a status line), echoing
+    the head in a header and the body (a proxy's error page that quotes what it was
+    sent), or, with ``reply=None``, closes the connection unanswered."""
 
     def __init__(self, reply: bytes | None) -> None:
         self.reply = reply
-        self.socket = socket.socket()
-        self.socket.bind(("127.0.0.1", 0))
-        self.socket.listen(16)
-        self.socket.settimeout(0.1)
-        self.port: int = self.socket.getsockname()[1]
         self.heads: list[bytes] = []
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while not self._closing.is_set():
-            try:
-                connection, _ = self.socket.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with connection:
-                connection.settimeout(HANG_GUARD)
-                head = b""
-                while b"\r\n\r\n" not in head and len(head) < 65536:
-                    chunk = connection.recv(4096)
-                    if not chunk:
-                        break
-                    head += chunk
-                self.heads.append(head)
-                if self.reply is not None:
-                    body = head  # what a debug page shows: the request it was sent
-                    connection.sendall(
-                        self.reply
-                        + b"Content-Type: text/plain\r\nConnection: close\r\n"
-                        + b"X-Echo: "
-                        + head.replace(b"\r\n", b" | ")
-                        + b"\r\nContent-Length: "
-                        + str(len(body)).encode()
-                        + b"\r\n\r\n"
-                        + body
-                    )
-
-    def close(self) -> None:
-        self._closing.set()
-        self._thread.join(HANG_GUARD)
-        self.socket.close()
+    def handle(self, connection: socket.socket) -> None:
+        with connection:
+            connection.settimeout(HANG_GUARD)
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                chunk = connection.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            self.heads.append(head)
+            if self.reply is not None:
+                body = head  # what a debug page shows: the request it was sent
+                connection.sendall(
+                    self.reply
+                    + b"Content-Type: text/plain\r\nConnection: close\r\n"
+                    + b"X-Echo: "
+                    + head.replace(b"\r\n", b" | ")
+                    + b"\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
 
 
 @pytest.fixture
