@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
         "gql_service_auth.httpx needs the httpx extra: pip install 'gql-service-auth[httpx]'"
     ) from exc
 
+import importlib
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -214,6 +215,29 @@ def _call_timeout(extra_args: Mapping[str, Any] | None) -> object:
     return extra_args.get("timeout") if extra_args else None
 
 
+def _pattern(mount: tuple[Any, Any]) -> Any:
+    return mount[0]
+
+
+def _environment_proxy(url: str) -> str | None:
+    """The proxy this httpx sends a request to ``url`` through, from the environment, as
+    its client picks it: its own mounts of ``HTTP_PROXY``/``NO_PROXY``, the most specific
+    first (httpx versions read a ``NO_PROXY`` CIDR block differently). httpx's helpers are
+    private: on any surprise, the environment as urllib reads it."""
+    try:
+        utils: Any = importlib.import_module(f"{_gql_httpx.__name__}._utils")
+        target = _gql_httpx.URL(url)
+        found = utils.get_environment_proxies().items()
+        mounts = sorted(((utils.URLPattern(key), proxy) for key, proxy in found), key=_pattern)
+        proxy = next((proxy for pattern, proxy in mounts if pattern.matches(target)), None)
+    except Exception:
+        return environment_proxy(url)
+    if proxy is None:
+        return None
+    named = URL(str(proxy))
+    return environment_proxy(url) or f"{named.host}:{named.port} (the environment's proxy)"
+
+
 class _Endpoint:
     """What an httpx transport tells of a request that got no answer (see
     :class:`~gql_service_auth._stacks.unanswered.ServiceEndpoint`)."""
@@ -243,7 +267,9 @@ class _Endpoint:
             named = URL(str(getattr(proxy, "url", proxy)))
             where = f"{named.host}:{named.port}" if named.port else str(named.host)
             return f"{where} (proxy=)"
-        return environment_proxy(str(self.url), bool(self.kwargs.get("trust_env", True)))
+        if not self.kwargs.get("trust_env", True):
+            return None
+        return _environment_proxy(str(self.url))
 
 
 class _ChecksBlocking(ChecksBlocking):

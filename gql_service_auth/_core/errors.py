@@ -205,8 +205,8 @@ class ServiceUnreachableError(GqlServiceAuthError, TransportConnectionFailed):
 
 
 class ServiceTimeoutError(GqlServiceAuthError, TimeoutError):
-    """The call's deadline passed before the API answered: gql's ``Client``
-    ``execute_timeout`` (or a deadline of yours around the call, on anyio or trio).
+    """gql's ``Client`` ``execute_timeout`` (or ``check()``'s timeout) passed before the
+    API answered; a deadline of the caller's own stays the caller's.
 
     A ``TimeoutError``, as gql's client raises at that deadline, with the URL, the bound
     and what to do in its message.

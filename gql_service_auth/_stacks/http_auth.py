@@ -474,8 +474,8 @@ async def oauth2_call_async(
     transport: ServiceEndpoint,
     given_timeout: object = None,
 ) -> _T:
-    """:func:`oauth2_call` for an async transport; a deadline around the call that passes
-    while it waits ends it with :class:`~gql_service_auth.ServiceTimeoutError`."""
+    """:func:`oauth2_call` for an async transport; gql's ``execute_timeout``, passing while
+    it waits, ends it with :class:`~gql_service_auth.ServiceTimeoutError`."""
     record = Exchange(rules)
     reset = _EXCHANGE.set(record)
     started = time.monotonic()
@@ -534,8 +534,8 @@ async def api_key_call_async(
     transport: ServiceEndpoint,
     given_timeout: object = None,
 ) -> _T:
-    """:func:`api_key_call` for an async transport; a deadline around the call that
-    passes while it waits ends it with :class:`~gql_service_auth.ServiceTimeoutError`."""
+    """:func:`api_key_call` for an async transport; gql's ``execute_timeout``, passing
+    while it waits, ends it with :class:`~gql_service_auth.ServiceTimeoutError`."""
     started = time.monotonic()
     try:
         answer = await call()
