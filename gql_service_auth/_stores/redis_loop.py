@@ -184,6 +184,8 @@ _ALL_SCRIPTS = (
     scripts.LOCK,
     scripts.UNLOCK,
     scripts.GET,
+    scripts.NOTE,
+    scripts.ADMIT,
 )
 
 
