@@ -272,14 +272,14 @@ class ApiKeyTransport(AuthenticatingTransport):
                 if failure is other:
                     raise
                 raise failure from failure.__cause__  # the stack's error, as execute's
-            raise self._key_error(refused_key) from exc
+            raise self._counted(self._key_error(refused_key)) from exc
         except BaseException as exc:
             failure = self._unanswered(exc, started)
             if failure is exc:
                 raise
             raise failure  # noqa: B904 - no cause: a deadline passed
         if any(is_refusal(answer.errors) for answer in answers):
-            raise self._key_error(answers)
+            raise self._counted(self._key_error(answers))
         return scrubbed(answers, self._secrets())
 
     async def subscribe(

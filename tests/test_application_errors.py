@@ -501,6 +501,32 @@ def test_a_certificate_that_fails_verification_is_told_as_tls(
     assert f"the TLS connection to {url} failed" in str(caught.value)
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_an_https_url_to_a_plain_http_port_says_so(emulator: Emulator, case: str) -> None:
+    """The TLS handshake meets an http server (the emulator): no certificate to check,
+    the URL's scheme to fix."""
+    url = emulator.graphql_url.replace("http://", "https://")
+    with pytest.raises(ServiceUnreachableError) as caught:
+        execute(make(case, emulator, url, timeout=HANG_GUARD))
+    assert f"the server at {url} answered in plain http, not TLS" in str(caught.value)
+    assert "SERVICE_BASE_URL" in str(caught.value)
+    assert "certificate" not in str(caught.value).rpartition(": the server at")[2]
+
+
+@pytest.mark.parametrize("case", OAUTH2_CASES)
+def test_an_https_token_url_to_a_plain_http_port_says_so_and_is_not_retried(
+    emulator: Emulator, case: str
+) -> None:
+    token_url = emulator.token_url.replace("http://", "https://")
+    retry = RetryPolicy(attempts=4, wait_initial=0, wait_max=0, wait_jitter=0)
+    with pytest.raises(TokenRequestError) as caught:
+        execute(make(case, emulator, token_url=token_url, retry=retry))
+    message = str(caught.value)
+    assert f"the token endpoint {token_url} answered in plain http, not TLS" in message
+    assert "SERVICE_AUTH_URL" in message
+    assert caught.value.attempts == 1  # a URL to fix: no retry heals it
+
+
 @pytest.mark.parametrize("case", [k for k in CASES if not k.startswith("aiohttp")])
 def test_a_proxy_that_refuses_is_named_and_its_login_never_shown(
     emulator: Emulator,

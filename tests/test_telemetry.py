@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,8 @@ from typing import Any
 import pytest
 from gql import Client
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from otel_support import BREAKING, Telemetry, attrs, installed
 from support import COUNT, NO_WAIT, SLOW_MACHINE, no_fetch_thread, wait_until
 
 from gql_service_auth import OAuth2Transport, RetryPolicy, TokenRequestError
@@ -33,94 +28,11 @@ from gql_service_auth.emulator import Emulator, ManualClock
 from gql_service_auth.local import LocalTokenStore
 
 NO_WAIT_TWO = RetryPolicy(attempts=2, wait_initial=0, wait_max=0, wait_jitter=0)
-FETCH = "gql_service_auth.fetch_token"
-
-_installed: tuple[InMemoryMetricReader, InMemorySpanExporter] | None = None
-BREAKING = {"spans": False}  # the Breaking processor raises while this is set
-
-
-class Breaking(SpanProcessor):
-    """A span processor with a bug: its on_start and on_end raise."""
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        if BREAKING["spans"]:
-            raise RuntimeError("span processor bug")
-
-    def on_end(self, span: Any) -> None:
-        if BREAKING["spans"]:
-            raise RuntimeError("span processor bug")
-
-
-def _install_sdk() -> tuple[InMemoryMetricReader, InMemorySpanExporter]:
-    """The global providers can be set once per process: this worker's, for all tests."""
-    global _installed
-    if _installed is None:
-        reader = InMemoryMetricReader()
-        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        provider.add_span_processor(Breaking())
-        trace.set_tracer_provider(provider)
-        _installed = reader, exporter
-    return _installed
-
-
-class Telemetry:
-    """What the SDK received during one test."""
-
-    def __init__(self, reader: InMemoryMetricReader, exporter: InMemorySpanExporter) -> None:
-        self._reader = reader
-        self._exporter = exporter
-        self._before = self._points()
-        exporter.clear()
-
-    def _points(self) -> Counter[tuple[str, frozenset[tuple[str, Any]]]]:
-        points: Counter[tuple[str, frozenset[tuple[str, Any]]]] = Counter()
-        data = self._reader.get_metrics_data()
-        for resource in data.resource_metrics if data else ():
-            for scope in resource.scope_metrics:
-                if scope.scope.name != "gql_service_auth":
-                    continue
-                for metric in scope.metrics:
-                    for point in metric.data.data_points:
-                        value = getattr(point, "value", None)
-                        if value is None:  # a histogram: how many it recorded
-                            value = point.count  # type: ignore[union-attr]
-                        key = (metric.name, frozenset((point.attributes or {}).items()))
-                        points[key] += value
-        return points
-
-    def added(self) -> dict[tuple[str, frozenset[tuple[str, Any]]], int]:
-        """The metric points this test added to, and by how much."""
-        after = self._points()
-        after.subtract(self._before)
-        return {key: value for key, value in after.items() if value}
-
-    def added_to(self, name: str) -> dict[frozenset[tuple[str, Any]], int]:
-        return {attrs: value for (metric, attrs), value in self.added().items() if metric == name}
-
-    def spans(self, name: str = FETCH) -> list[ReadableSpan]:
-        return [span for span in self._exporter.get_finished_spans() if span.name == name]
-
-    def everything(self) -> str:
-        """Every attribute of every span, span event and metric point, as one text."""
-        texts = [repr(sorted(self.added()))]
-        for span in self._exporter.get_finished_spans():
-            texts.append(repr(dict(span.attributes or {})))
-            texts.append(repr(span.status.description))
-            texts.extend(repr((e.name, dict(e.attributes or {}))) for e in span.events)
-        return "\n".join(texts)
 
 
 @pytest.fixture
 def telemetry() -> Telemetry:
-    reader, exporter = _install_sdk()
-    return Telemetry(reader, exporter)
-
-
-def attrs(**values: Any) -> frozenset[tuple[str, Any]]:
-    return frozenset((key.replace("__", "."), value) for key, value in values.items())
+    return installed()
 
 
 def _secrets_of(emulator: Emulator) -> list[str]:
@@ -314,7 +226,11 @@ async def test_a_failing_store_is_counted_and_noted_on_the_fetch(
     finally:
         store.close()
     (failures,) = telemetry.added_to("gql_service_auth.store.failures").items()
-    assert failures == (attrs(gql_service_auth__store=f"redis://127.0.0.1:{unused_tcp_port}/0"), 1)
+    location = f"redis://127.0.0.1:{unused_tcp_port}/0"
+    assert failures == (
+        attrs(gql_service_auth__store=location, error__type="ConnectionError"),
+        1,
+    )
     (span,) = telemetry.spans()
     assert [e.name for e in span.events] == ["token_store_failed"]
     assert span.attributes is not None
@@ -457,6 +373,9 @@ def test_an_api_without_histogram_advice_records_with_default_buckets(
             return Instrument(name)
 
         def create_histogram(self, name: str, unit: str = "", description: str = "") -> Any:
+            return Instrument(name)
+
+        def create_observable_gauge(self, name: str, **kwargs: Any) -> Any:
             return Instrument(name)
 
     monkeypatch.setattr(_telemetry, "_instruments", None)

@@ -8,6 +8,7 @@ seconds, a proxy on the way) and the words are chosen here, once for every stack
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from .constants import ENV_AUTH_URL, ENV_BASE_URL, GRAPHQL_PATH
@@ -56,6 +57,17 @@ def proxy_clause(proxy: str | None) -> str:
     return f" through the proxy {proxy}" if proxy else ""
 
 
+_PLAIN: Final = re.compile(
+    r"wrong.version.number|http.request|packet.length.too.long|record.layer.failure", re.I
+)
+
+
+def answered_in_plain(tls_error: str) -> bool:
+    """Whether a TLS failure (its text) is a server that answered the handshake in plain
+    http: an https:// URL to an http:// port. OpenSSL's versions word it differently."""
+    return _PLAIN.search(tls_error) is not None
+
+
 def unreachable_message(
     gql_message: str,
     url: str,
@@ -67,8 +79,9 @@ def unreachable_message(
     """The message of a request to the API that got no answer. ``failure`` says how:
     ``"timeout"`` (``timeout``, the transport's own bound, when known, ran out),
     ``"connect"`` (no connection: refused, no such host), ``"tls"`` (the TLS handshake or
-    the certificate's check failed), or ``"dropped"`` (the connection failed once made:
-    the request may have reached the service)."""
+    the certificate's check failed), ``"plain"`` (the server answered the handshake in
+    plain http: an https:// URL to an http:// port), or ``"dropped"`` (the connection
+    failed once made: the request may have reached the service)."""
     via = proxy_clause(proxy)
     check_proxy = "; check the proxy too, or NO_PROXY" if proxy else ""
     if failure == "timeout":
@@ -82,6 +95,11 @@ def unreachable_message(
             f"the TLS connection to {url}{via} failed: check the server's certificate and "
             "the transport's TLS setting (ssl=, verify=); never turn verification off for "
             "the service"
+        )
+    elif failure == "plain":
+        why = (
+            f"the server at {url}{via} answered in plain http, not TLS: {_API_URL}; an "
+            "https:// URL names a port that serves http://"
         )
     elif failure == "dropped":
         why = (

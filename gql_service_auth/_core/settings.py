@@ -42,6 +42,7 @@ from .oauth2 import (
 )
 from .rotation import Credentials, RotatingCredentials
 from .sharing import SHARED, Same, SharingKey, api_endpoint
+from .telemetry import NAMESPACE, credentials_tag
 from .token import Clock, TokenFetcher
 
 if TYPE_CHECKING:
@@ -214,6 +215,7 @@ def token_manager(
             server=_host_and_port(token_url),
             token_url=str(token_url),
             route=getattr(post, "route", None),
+            labels=_GaugeLabels(token_url, credentials, scope),
         )
 
     if share:
@@ -386,3 +388,32 @@ def _host_and_port(url: object) -> tuple[str, int | None] | None:
     """The token endpoint's host and port, as a span shows them (never its path or query)."""
     parsed = URL(str(url))
     return (parsed.host, parsed.port) if parsed.host else None
+
+
+class _GaugeLabels:
+    """The attributes of a manager's token.remaining_life points: the token endpoint, as
+    its span names it, and a digest of the credentials in use (never the client id), read
+    at each collection so that credentials that change move the point."""
+
+    __slots__ = ("_credentials", "_scope", "_server", "_token_url")
+
+    def __init__(self, token_url: object, credentials: Credentials, scope: str | None) -> None:
+        self._token_url = str(token_url)
+        self._credentials = credentials
+        self._scope = scope
+        self._server = _host_and_port(token_url)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _GaugeLabels, (self._token_url, self._credentials, self._scope)
+
+    def __repr__(self) -> str:
+        return "<_GaugeLabels>"
+
+    def __call__(self) -> dict[str, str | int]:
+        tag = credentials_tag(self._token_url, self._credentials.client_id, self._scope)
+        labels: dict[str, str | int] = {f"{NAMESPACE}.credentials": tag}
+        if self._server is not None:
+            labels["server.address"] = self._server[0]
+            if self._server[1] is not None:
+                labels["server.port"] = self._server[1]
+        return labels

@@ -2,23 +2,30 @@
 
 Recorded through the global providers: an application that configures the OpenTelemetry
 SDK sees them with no other setting; one that does not, or has no ``opentelemetry-api``,
-pays one lookup per token event and per fetch, and nothing per request. The instruments
-are made at the first event, so importing the package does not import OpenTelemetry.
+pays one lookup per token event, per fetch and per failed request, and nothing per request
+that succeeds. The instruments are made at the first event, so importing the package does
+not import OpenTelemetry. The gauges (a token's remaining life, a store's health) are read
+when the SDK collects, on its own thread, from what the token managers (:func:`hold`) and
+the store health (:func:`observe`) hand this module, which knows neither.
 
 Attributes carry what a dashboard groups by (why a token was fetched, how it ended, the
-error code, the token endpoint's host) and never a secret, a token or a client id.
+error code, the token endpoint's host, a digest of the credentials) and never a secret, a
+token or a client id.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
+import json
 import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
-from typing import Any, Final, Protocol
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Final, Literal, Protocol, TypeAlias
 
 from .constants import LOGGER_NAME
 
@@ -39,6 +46,12 @@ class Event(Protocol):
     @property
     def status(self) -> int | None: ...
 
+
+Method: TypeAlias = Literal["oauth2", "api_key"]
+"""How a transport authenticates: the ``gql_service_auth.method`` of a failed request."""
+
+Reading: TypeAlias = tuple[float, Mapping[str, "str | int"]]
+"""One point of a gauge: its value and attributes."""
 
 NAMESPACE: Final = "gql_service_auth"
 """The instrumentation scope, and the prefix of every metric and attribute of ours."""
@@ -67,6 +80,22 @@ RFC6749_ERRORS: Final = frozenset(
 """Error codes shown as they came: RFC 6749's (sections 4.1.2.1 and 5.2)."""
 
 _CLASS_NAME: Final = re.compile(r"[A-Z][A-Za-z0-9]{0,62}(?:Error|Exception|Timeout|Failed)")
+
+CAUSES: Final = frozenset(
+    {
+        "refused",
+        "token",
+        "http_status",
+        "not_graphql",
+        "unreachable",
+        "tls",
+        "dropped",
+        "timeout",
+        "configuration",
+        "other",
+    }
+)
+"""The ``gql_service_auth.cause`` of a failed request (see ``_stacks/failures.py``)."""
 
 _FAILED: Final = frozenset({"token_request_failed", "token_renewal_failed"})
 _ENDS_A_FETCH: Final = _FAILED | {"token_fetched", "token_loaded"}
@@ -146,6 +175,105 @@ class _Instruments:
             "{failure}",
             "Failures of the shared token store (the process fetches itself)",
         )
+        self.request_failures = counter(
+            "request.failures",
+            "{request}",
+            "GraphQL requests of a transport that failed with the package's error, by cause",
+        )
+        self.credentials_changes = counter(
+            "credentials.changes",
+            "{change}",
+            "New credentials read from a source that can change, and used from then on",
+        )
+        self.credentials_source_failures = counter(
+            "credentials.source_failures",
+            "{failure}",
+            "Credentials sources that began to fail (the credentials read last stay)",
+        )
+        meter.create_observable_gauge(
+            f"{NAMESPACE}.token.remaining_life",
+            callbacks=[_reading("token.remaining_life")],
+            unit="s",
+            description="Seconds until the token in hand expires, per credentials",
+        )
+        meter.create_observable_gauge(
+            f"{NAMESPACE}.store.sharing",
+            callbacks=[_reading("store.sharing")],
+            unit="1",
+            description=(
+                "1 while the process shares its tokens through the store; 0 from a "
+                "failed call of it until a fetch through it succeeds"
+            ),
+        )
+
+
+_readers: dict[str, Callable[[], Iterable[Reading]]] = {}
+
+
+def observe(gauge: str, reader: Callable[[], Iterable[Reading]]) -> None:
+    """Have ``reader`` give the points of ``gauge`` (``token.remaining_life``,
+    ``store.sharing``) each time the SDK collects, on the SDK's thread. It must be quick,
+    and take no lock a request may hold long."""
+    _readers[gauge] = reader
+
+
+def _reading(gauge: str) -> Callable[[Any], list[Any]]:
+    def callback(options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        reader = _readers.get(gauge)
+        if reader is None:
+            return []
+        try:
+            return [Observation(value, dict(attributes)) for value, attributes in reader()]
+        except Exception:  # a telemetry bug must not break the application's export
+            failed(gauge)
+            return []
+
+    return callback
+
+
+class Holder(Protocol):
+    """What holds a token of the token.remaining_life gauge (a token manager)."""
+
+    def remaining_life(self) -> Reading | None: ...
+
+
+_holders: weakref.WeakSet[Holder] = weakref.WeakSet()
+_holders_lock = threading.Lock()  # held to add, and to copy for a collection
+
+
+def hold(holder: Holder) -> None:
+    """Show the life left of ``holder``'s token in the token.remaining_life gauge, for as
+    long as ``holder`` lives."""
+    with _holders_lock:
+        _holders.add(holder)
+
+
+def _remaining_lives() -> list[Reading]:
+    # Managers that share no token (share_tokens=False, or other retry settings) may hold
+    # tokens of the same credentials: the gauge has one point per attribute set, the
+    # longest life of theirs (one left at rest runs down while another serves).
+    with _holders_lock:
+        holders = list(_holders)
+    longest: dict[frozenset[tuple[str, str | int]], Reading] = {}
+    for holder in holders:
+        reading = holder.remaining_life()
+        if reading is not None:
+            key = frozenset(reading[1].items())
+            if key not in longest or reading[0] > longest[key][0]:
+                longest[key] = reading
+    return list(longest.values())
+
+
+observe("token.remaining_life", _remaining_lives)
+
+
+def credentials_tag(token_url: str, client_id: str, scope: str | None) -> str:
+    """The ``gql_service_auth.credentials`` attribute of a token: a digest of what names
+    the credentials, equal in every process that uses them, that does not show them."""
+    named = json.dumps([token_url, client_id, scope], separators=(",", ":")).encode()
+    return hashlib.blake2b(named, digest_size=8, person=b"gsa metrics").hexdigest()
 
 
 _lock = threading.Lock()
@@ -154,8 +282,9 @@ _absent = False  # opentelemetry-api is not installed: checked once
 
 
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # another thread may have held it at the fork
+    global _lock, _holders_lock
+    # Another thread may have held them at the fork.
+    _lock, _holders_lock = threading.Lock(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -178,7 +307,7 @@ def _get() -> _Instruments | None:
                 # A provider that fails, or an API too old: telemetry is off for the
                 # process, and authentication goes on as if OpenTelemetry were absent.
                 _absent = True
-                _failed("setup")
+                failed("setup")
     return _instruments
 
 
@@ -191,7 +320,7 @@ def _version() -> str | None:
         return None
 
 
-def _failed(stage: str) -> None:
+def failed(stage: str) -> None:
     logger.warning("%s.telemetry_failed stage=%s", LOGGER_NAME, stage, exc_info=True)
 
 
@@ -205,7 +334,7 @@ def current_context() -> Any:
     try:
         return context.get_current()
     except Exception:  # a broken context implementation: the fetch gets no parent
-        _failed("context")
+        failed("context")
         return None
 
 
@@ -223,7 +352,7 @@ def fetch_span(reason: str, parent: Any, server: tuple[str, int | None] | None) 
         try:
             span, attached = _start(instruments, reason, parent, server)
         except Exception:  # a span processor's on_start that raises, say: no span
-            _failed("span")
+            failed("span")
     if span is None:
         yield
         return
@@ -238,7 +367,7 @@ def fetch_span(reason: str, parent: Any, server: tuple[str, int | None] | None) 
             context.detach(attached)
             span.end()
         except Exception:  # a span processor's on_end that raises
-            _failed("span")
+            failed("span")
 
 
 def _start(
@@ -273,7 +402,36 @@ def record(event: Event) -> None:
     try:
         _record(instruments, event)
     except Exception:  # a telemetry bug must not break authentication
-        _failed(event.name)
+        failed(event.name)
+
+
+def recording() -> bool:
+    """Whether OpenTelemetry is there to record (the failure path asks before it works)."""
+    return _get() is not None
+
+
+def request_failed(method: Method, cause: str, error: str, status: int | None) -> None:
+    """Count a GraphQL request of a transport that failed with ``error`` (a class name),
+    for ``cause`` (one of :data:`CAUSES`); ``status``, an HTTP status."""
+    instruments = _get()
+    if instruments is None:
+        return
+    attributes: dict[str, str | int] = {
+        f"{NAMESPACE}.method": method,
+        f"{NAMESPACE}.cause": cause if cause in CAUSES else "other",
+        "error.type": class_name(error),
+    }
+    if status is not None:
+        attributes["http.response.status_code"] = status
+    try:
+        instruments.request_failures.add(1, attributes)
+    except Exception:
+        failed("request_failed")
+
+
+def class_name(error: str | None) -> str:
+    """``error`` when it is a class name (an ``error.type``), else ``_OTHER``."""
+    return error if error is not None and _CLASS_NAME.fullmatch(error) else "_OTHER"
 
 
 def error_type(event: Event) -> str:
@@ -316,13 +474,18 @@ def _count(instruments: _Instruments, event: Event) -> None:
     elif name == "token_loaded":
         instruments.store_loads.add(1, {f"{NAMESPACE}.reason": event.reason or "unknown"})
     elif name == "token_store_failed":
-        instruments.store_failures.add(1, {f"{NAMESPACE}.store": event.store or "unknown"})
+        attributes = {f"{NAMESPACE}.store": event.store or "unknown"}
+        instruments.store_failures.add(1, {**attributes, "error.type": class_name(event.error)})
     elif name == "token_rejected":
         instruments.refusals.add(1)
     elif name == "request_retry_scheduled":
         instruments.resends.add(1)
     elif name == "token_budget_exhausted":
         instruments.budget_exhausted.add(1)
+    elif name == "credentials_changed":
+        instruments.credentials_changes.add(1)
+    elif name == "credentials_source_failed":
+        instruments.credentials_source_failures.add(1, {"error.type": class_name(event.error)})
 
 
 def _note(span: Any, event: Event) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable, Generator, Hashable, Mapping
 from typing import Any, Literal, SupportsIndex, TypeVar
 
 from .._stores.level import ENDPOINT, TokenSource
@@ -57,7 +57,7 @@ from .plan import (
 )
 from .provenance import Origin
 from .redact import clear_locals
-from .telemetry import fetch_span
+from .telemetry import Reading, fetch_span, hold
 from .token import AccessToken, Clock, TokenFetcher, TokenResponse, access_token, waits_on
 
 _Slept = TypeVar("_Slept")
@@ -67,7 +67,7 @@ _Steps = Generator[Flight, AccessToken, AccessToken | NotNow]
 # fmt: off
 _SETTINGS = ("_fetch", "_source", "_refresh_margin", "_default_expires_in", "_fetch_timeout",
              "_cooldown", "_max_attempts", "_renewal_backoff", "_clock", "_emit", "_server",
-             "_token_url", "_route")
+             "_token_url", "_route", "_labels")
 # fmt: on
 """What a copy of a manager keeps (all that ``__init__`` was given): no token, no state."""
 
@@ -126,8 +126,12 @@ class TokenManager:
         server: tuple[str, int | None] | None = None,
         token_url: str | None = None,
         route: Callable[[str], str | None] | None = None,
+        labels: Callable[[], Mapping[str, str | int]] | None = None,
     ) -> None:
         self._fetch = fetch
+        #: The attributes of its token.remaining_life points, read at each collection
+        #: (credentials that change, change them); ``None``: not in the gauge.
+        self._labels = labels
         self._server = server
         #: Where a fetch that fails for want of an answer says it went (see _core/diagnosis.py).
         self._token_url = token_url
@@ -175,6 +179,8 @@ class TokenManager:
         self._serve()
 
     def _serve(self) -> None:
+        if self._labels is not None:
+            hold(self)
         # A source of credentials that can change asks the manager to renew when they do.
         serve = getattr(self._source, "serve", None)
         if serve is not None:
@@ -190,6 +196,16 @@ class TokenManager:
         """Pass the events of this manager to ``emitter``'s hook too, while it lives."""
         if isinstance(self._emit, Subscribers):
             self._emit.add(emitter)
+
+    def remaining_life(self) -> Reading | None:
+        """The seconds the token in hand has left, with the gauge's attributes; ``None``
+        with no token, one past its expiry (a manager at rest, whose token nobody renews),
+        or outside the gauge."""
+        token, labels = self._token, self._labels
+        if token is None or labels is None:
+            return None
+        left = token.expires_at - self._clock()
+        return (left, labels()) if left > 0 else None
 
     def spent(self) -> bool:
         """Whether the manager has had a token (or resumed a pause), has none usable now,

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from ssl import SSLContext
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import aiohttp
 from aiohttp.client_reqrep import Fingerprint
@@ -27,9 +27,11 @@ from .._core import fork as _fork
 from .._core.config import check_url, environment_proxy, proxy_login
 from .._core.errors import ConfigurationError
 from .._core.rotation import Credentials
+from .._core.telemetry import Method
 
 # Imported for what it does: it registers how aiohttp errors are scrubbed.
 from . import aiohttp_redact  # noqa: F401
+from .failures import count
 from .gql import AnswerHeadersApart, Bare401, as_given, bare_401, stream_as_given
 from .readiness import ChecksAsync
 from .unanswered import explained, past_deadline, register
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from aiohttp.client import _RequestContextManager
 
 _C = TypeVar("_C")
+_E = TypeVar("_E", bound=BaseException)
 _R = TypeVar("_R")
 
 # gql's transport keeps the files of an upload in one attribute per transport, opened
@@ -122,6 +125,8 @@ class AuthenticatingTransport(ChecksAsync, AnswerHeadersApart, AIOHTTPTransport)
     # The post arguments of the credential last sent without extra_args (see SharedArgs).
     _shared_args: SharedArgs | None = None
     _credentials: Credentials
+    #: How its failed requests are counted (see _stacks/failures.py).
+    _method: ClassVar[Method] = "api_key"
 
     # A call whose extra_args carry the caller's own Authorization (see
     # _stacks/gql.callers_own) is gql's own, as given: neither signed nor sent again, its
@@ -224,9 +229,16 @@ class AuthenticatingTransport(ChecksAsync, AnswerHeadersApart, AIOHTTPTransport)
         given_timeout: object = None,
     ) -> BaseException:
         """What a call that raised ``failure`` raises: the error of gql's deadline that
-        passed while it waited, the package's error for no GraphQL answer, or ``failure``."""
+        passed while it waited, the package's error for no GraphQL answer, or ``failure``;
+        counted among the failed requests when it is the package's."""
         late = past_deadline(failure, started, self, token_wait)
-        return late if late is not None else explained(failure, self, given_timeout)
+        raised = late if late is not None else explained(failure, self, given_timeout)
+        return self._counted(raised)
+
+    def _counted(self, failure: _E) -> _E:
+        """``failure``, which a call raises, counted among the failed requests if ours."""
+        count(failure, self._method)
+        return failure
 
     def __repr__(self) -> str:
         # getattr: a constructor that failed leaves an instance without url, which a

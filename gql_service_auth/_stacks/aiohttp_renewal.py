@@ -42,6 +42,7 @@ class RenewingTransport(AuthenticatingTransport):
     _max_renewals: int
     _refresh_margin: float
     _emit: Emitter
+    _method = "oauth2"
 
     def _secrets(self, token: AccessToken) -> list[str]:
         """What an answer sent with ``token`` may quote: the client secret and the token."""

@@ -19,8 +19,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from .._core import fork as _fork
-from .._core.constants import MAX_TOKEN_RESPONSE_BYTES
-from .._core.diagnosis import proxy_clause, token_unreachable_hint
+from .._core.constants import ENV_AUTH_URL, MAX_TOKEN_RESPONSE_BYTES
+from .._core.diagnosis import answered_in_plain, proxy_clause, token_unreachable_hint
 from .._core.errors import ConfigurationError, TokenRequestError
 from .._core.oauth2 import FormAnswer, secrets_sent
 from .._core.redact import redact_chain, redact_text
@@ -135,6 +135,16 @@ class AiohttpFormPoster:
                 else f"could not reach the token endpoint {url}{proxy_clause(proxy)} "
                 f"({type(exc).__name__}: {detail})"
             )
+            if isinstance(exc, aiohttp.ClientSSLError) and answered_in_plain(detail):
+                # A URL to fix, which no retry heals.
+                raise TokenRequestError(
+                    f"the token endpoint {url}{proxy_clause(proxy)} answered in plain "
+                    "http, not TLS",
+                    hint=(
+                        f"Check {ENV_AUTH_URL} (with from_env()) or the token_url given: "
+                        "an https:// URL names a port that serves http://"
+                    ),
+                ) from exc
             raise TokenRequestError(
                 reason,
                 retryable=True,

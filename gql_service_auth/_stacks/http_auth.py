@@ -39,6 +39,7 @@ from .._core.token import AccessToken
 
 if TYPE_CHECKING:  # the token machinery loads with the first OAuth2 transport
     from .._core.tokens import TokenManager
+from .failures import COUNTED, count
 from .gql import (
     api_key_answer,
     api_key_failure,
@@ -455,17 +456,21 @@ def oauth2_call(
     record = Exchange(rules)
     reset = _EXCHANGE.set(record)
     try:
-        answer = call()
-    except TransportError as exc:
-        failure = oauth2_failure(exc, record.refused, rules.secrets(record.secrets))
-    else:
-        if record.refused is None and not _has_errors(answer):
-            return answer
-        return oauth2_answer(answer, record.refused, rules.secrets(record.secrets))
-    finally:
-        _EXCHANGE.reset(reset)
-    # Outside the except block: gql's wrapper stays out of our error's chain.
-    raise explained(failure, transport, given_timeout)
+        try:
+            answer = call()
+        except TransportError as exc:
+            failure = oauth2_failure(exc, record.refused, rules.secrets(record.secrets))
+        else:
+            if record.refused is None and not _has_errors(answer):
+                return answer
+            return oauth2_answer(answer, record.refused, rules.secrets(record.secrets))
+        finally:
+            _EXCHANGE.reset(reset)
+        # Outside the except block: gql's wrapper stays out of our error's chain.
+        raise explained(failure, transport, given_timeout)
+    except COUNTED as error:
+        count(error, "oauth2")
+        raise
 
 
 async def oauth2_call_async(
@@ -480,21 +485,25 @@ async def oauth2_call_async(
     reset = _EXCHANGE.set(record)
     started = time.monotonic()
     try:
-        answer = await call()
-    except TransportError as exc:
-        failure = oauth2_failure(exc, record.refused, rules.secrets(record.secrets))
-    except BaseException as exc:
-        late = past_deadline(exc, started, transport, rules.tokens.waited_for)
-        if late is None:
-            raise
-        raise late from None
-    else:
-        if record.refused is None and not _has_errors(answer):
-            return answer
-        return oauth2_answer(answer, record.refused, rules.secrets(record.secrets))
-    finally:
-        _EXCHANGE.reset(reset)
-    raise explained(failure, transport, given_timeout)
+        try:
+            answer = await call()
+        except TransportError as exc:
+            failure = oauth2_failure(exc, record.refused, rules.secrets(record.secrets))
+        except BaseException as exc:
+            late = past_deadline(exc, started, transport, rules.tokens.waited_for)
+            if late is None:
+                raise
+            raise late from None
+        else:
+            if record.refused is None and not _has_errors(answer):
+                return answer
+            return oauth2_answer(answer, record.refused, rules.secrets(record.secrets))
+        finally:
+            _EXCHANGE.reset(reset)
+        raise explained(failure, transport, given_timeout)
+    except COUNTED as error:
+        count(error, "oauth2")
+        raise
 
 
 def api_key_call(
@@ -515,14 +524,18 @@ def api_key_call(
     that got no GraphQL answer names (see :func:`explained`).
     """
     try:
-        answer = call()
-    except TransportError as exc:
-        failure = _api_key_failure(exc, rules, instead, given)
-    else:
-        if not _has_errors(answer):
-            return answer
-        return _api_key_answer(answer, rules, instead, given)
-    raise explained(failure, transport, given_timeout)
+        try:
+            answer = call()
+        except TransportError as exc:
+            failure = _api_key_failure(exc, rules, instead, given)
+        else:
+            if not _has_errors(answer):
+                return answer
+            return _api_key_answer(answer, rules, instead, given)
+        raise explained(failure, transport, given_timeout)
+    except COUNTED as error:
+        count(error, "api_key")
+        raise
 
 
 async def api_key_call_async(
@@ -538,19 +551,23 @@ async def api_key_call_async(
     while it waits, ends it with :class:`~gql_service_auth.ServiceTimeoutError`."""
     started = time.monotonic()
     try:
-        answer = await call()
-    except TransportError as exc:
-        failure = _api_key_failure(exc, rules, instead, given)
-    except BaseException as exc:
-        late = past_deadline(exc, started, transport)
-        if late is None:
-            raise
-        raise late from None
-    else:
-        if not _has_errors(answer):
-            return answer
-        return _api_key_answer(answer, rules, instead, given)
-    raise explained(failure, transport, given_timeout)
+        try:
+            answer = await call()
+        except TransportError as exc:
+            failure = _api_key_failure(exc, rules, instead, given)
+        except BaseException as exc:
+            late = past_deadline(exc, started, transport)
+            if late is None:
+                raise
+            raise late from None
+        else:
+            if not _has_errors(answer):
+                return answer
+            return _api_key_answer(answer, rules, instead, given)
+        raise explained(failure, transport, given_timeout)
+    except COUNTED as error:
+        count(error, "api_key")
+        raise
 
 
 def _api_key_failure(

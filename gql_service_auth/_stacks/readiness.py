@@ -18,7 +18,7 @@ Failures raise what a query would (:class:`~gql_service_auth.TokenRequestError`,
 from __future__ import annotations
 
 import copy
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from gql.graphql_request import GraphQLRequest
 from gql.transport.exceptions import TransportQueryError
@@ -26,6 +26,8 @@ from graphql import ExecutionResult, parse
 
 from .._core.diagnosis import deadline_message
 from .._core.errors import ServiceTimeoutError
+from .._core.telemetry import Method
+from .failures import count
 
 CHECK_QUERY: Final = "query GqlServiceAuthCheck { carriers(first: 1) { edges { node { id } } } }"
 """The contract's check query, asking for one carrier: the only query the service is
@@ -102,6 +104,9 @@ class ChecksAsync:
     """``await check()`` for the async transports: aiohttp on asyncio, httpx async on
     asyncio or trio."""
 
+    #: How the transport's failed calls are counted (see _stacks/failures.py).
+    _method: ClassVar[Method]
+
     async def check(self, timeout: float = CHECK_TIMEOUT) -> None:
         """Check the credentials and the API now: the contract's check query, sent
         through this transport; returns once the API answered it.
@@ -140,7 +145,7 @@ class ChecksAsync:
             )
             waited = getattr(tokens, "waited_for", None)
             token = waited() if waited is not None else None
-            raise ServiceTimeoutError(
+            error = ServiceTimeoutError(
                 deadline_message(
                     str(transport.url),
                     seconds,
@@ -148,7 +153,9 @@ class ChecksAsync:
                     proxy=token[1] if token else transport._unanswered_proxy(),
                     bound="check()'s timeout",
                 )
-            ) from None
+            )
+            count(error, self._method)  # the probe's call was cut off uncounted
+            raise error from None
         finally:
             if connected:
                 with anyio.CancelScope(shield=True):

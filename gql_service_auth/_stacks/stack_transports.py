@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._core.redact import forgets_on_error
 from .._core.settings import api_key_env, oauth2_env
+from .._core.telemetry import Method
 from .._core.token import AccessToken
 from .gql import AnswerHeadersApart
 from .http_auth import OAuth2Rules
@@ -30,6 +31,7 @@ class ApiKeyTransportParts(_Shown):
     """``from_env`` of an API key transport, and its secret, read from its auth object."""
 
     _signer: Any
+    _method: ClassVar[Method] = "api_key"
 
     @classmethod
     @forgets_on_error
@@ -53,6 +55,7 @@ class OAuth2TransportParts(_Shown):
     """``from_env`` of an OAuth2 transport, and its cached token."""
 
     _rules: OAuth2Rules
+    _method: ClassVar[Method] = "oauth2"
 
     @classmethod
     @forgets_on_error

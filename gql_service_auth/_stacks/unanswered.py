@@ -25,7 +25,12 @@ from typing import Final, Protocol, runtime_checkable
 from gql.transport.exceptions import TransportConnectionFailed, TransportServerError
 
 from .._core.config import environment_proxy_logins
-from .._core.diagnosis import deadline_message, http_status_message, unreachable_message
+from .._core.diagnosis import (
+    answered_in_plain,
+    deadline_message,
+    http_status_message,
+    unreachable_message,
+)
 from .._core.errors import (
     GqlServiceAuthError,
     ServiceHTTPError,
@@ -91,12 +96,13 @@ def _in_chain(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> Bas
     return None
 
 
-def _how(failure: BaseException) -> str:
+def how(failure: BaseException) -> str:
     """How a request that got no answer failed (see ``unreachable_message``)."""
     if _in_chain(failure, _TIMEOUTS) is not None:
         return "timeout"
-    if _in_chain(failure, _TLS) is not None:
-        return "tls"
+    tls = _in_chain(failure, _TLS)
+    if tls is not None:
+        return "plain" if answered_in_plain(str(tls)) else "tls"
     if _in_chain(failure, _CONNECT) is not None:
         return "connect"
     return "dropped"
@@ -124,14 +130,14 @@ def explained(
         cause = _in_chain(failure, _NETWORK)
         if cause is None:
             return failure
-        how = _how(failure)
-        timeout = _in_chain(failure, _TIMEOUTS) if how == "timeout" else None
+        kind = how(failure)
+        timeout = _in_chain(failure, _TIMEOUTS) if kind == "timeout" else None
         error = ServiceUnreachableError(
             unreachable_message(
                 str(failure),
                 url,
                 timeout=transport._unanswered_timeout(timeout, given_timeout) if timeout else None,
-                failure=how,
+                failure=kind,
                 proxy=transport._unanswered_proxy(),
             )
         )

@@ -37,14 +37,11 @@ import contextlib
 import json
 import random
 import secrets
-import threading
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from .._core import fork as _fork
 from .._core.budget import (
     LEDGERS,
     GuardedFetch,
@@ -65,6 +62,7 @@ from .._core.events import AuthEvent
 from .._core.provenance import Origin, Refusal
 from .._core.redact import redact_text
 from .._core.token import TokenFetcher, TokenResponse, expiry_guard, renewal_margin
+from .health import HEALTHS
 from .protocol import StoredToken, StoreFault, StoreTimeout, TokenIdentity, TokenStore
 
 _T = TypeVar("_T")
@@ -89,40 +87,6 @@ class StoreUnavailable(Exception):
         super().__init__(error)
         self.error = error
         self.detail = detail
-
-
-class _Health:
-    """Whether a store is resting after a failure: one per store, shared by its transports."""
-
-    __slots__ = ("rest_until",)
-
-    def __init__(self) -> None:
-        self.rest_until = 0.0  # time.monotonic(): the cool-down is in real time
-
-
-class _Healths:
-    """The health of each store in use, so that its transports learn of an outage once."""
-
-    def __init__(self) -> None:
-        self._by_store: weakref.WeakKeyDictionary[object, _Health] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-        _fork.reset_in_child(self)
-
-    def of(self, store: TokenStore) -> _Health:
-        with self._lock:
-            try:
-                health = self._by_store.get(store)
-                if health is None:
-                    health = self._by_store[store] = _Health()
-            except TypeError:  # a store that cannot be weakly referenced rests on its own
-                health = _Health()
-        return health
-
-    def _after_fork_in_child(self) -> None:
-        self._lock = threading.Lock()  # another thread may have held it at the fork
-
-
-_healths = _Healths()
 
 
 def _describe(error: TokenRequestError) -> str:
@@ -260,7 +224,7 @@ class SharedLevel:
         self._refresh_margin = refresh_margin
         self._default_expires_in = default_expires_in
         self._emit = emit
-        self._health = _healths.of(store)
+        self._health = HEALTHS.of(store)
         #: Seconds the fetch lock lives unless its holder extends it (see STORE_LOCK_TTL).
         self.lock_ttl = STORE_LOCK_TTL
         # A store that can connect ahead of its first call does so now, in the background:
@@ -324,8 +288,11 @@ class SharedLevel:
 
     def _failed(self, error: StoreUnavailable) -> None:
         health, now = self._health, time.monotonic()
-        if self._closed() or now < health.rest_until:
-            return  # closed on purpose, or another transport on this store said so already
+        if self._closed():
+            return  # closed on purpose
+        health.error, health.failures = error.error, health.failures + 1
+        if now < health.rest_until:
+            return  # another transport on this store said so already
         cooldown = self._store.cooldown
         health.rest_until = now + cooldown
         self._emit(
@@ -333,7 +300,7 @@ class SharedLevel:
                 "token_store_failed",
                 error=error.error,
                 wait=cooldown,
-                store=str(getattr(self._store, "location", None) or type(self._store).__name__),
+                store=health.location,
                 detail=error.detail,
             )
         )
@@ -369,6 +336,21 @@ class SharedLevel:
         # A store closed on purpose is gone, not failing: no warning, no cool-down.
         if time.monotonic() < self._health.rest_until or self._closed():
             return await fetch(), None
+        failures = self._health.failures
+        got = await self._shared(fetch, refused, refusal, replacing, renewing)
+        if self._health.failures == failures:
+            self._health.error = None  # no call of this fetch failed: shared again
+        return got
+
+    async def _shared(
+        self,
+        fetch: TokenFetcher,
+        refused: str | None,
+        refusal: Refusal | None,
+        replacing: Refusal | None,
+        renewing: str | None,
+    ) -> tuple[TokenResponse, Origin | None]:
+        """:meth:`obtain` through the store, which is not resting."""
 
         def takes(stored: StoredToken, origin: Origin) -> bool:
             return self._takes(stored, origin, refused=refused, refusal=refusal, renewing=renewing)
