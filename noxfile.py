@@ -23,9 +23,7 @@ import nox
 # Not the interpreter nox runs on: make test, which runs first, has run the same suite on
 # it (with coverage), and a second run there costs CI minutes and shows nothing new.
 _DEFAULT = f"{sys.version_info.major}.{sys.version_info.minor}"
-PYTHONS = [
-    version for version in ("3.10", "3.11", "3.12", "3.13", "3.14") if version != _DEFAULT
-]
+PYTHONS = [version for version in ("3.10", "3.11", "3.12", "3.13", "3.14") if version != _DEFAULT]
 
 nox.options.sessions = ["tests"]
 nox.options.error_on_missing_interpreters = False

@@ -259,7 +259,7 @@ class ApiKeyTransport(AuthenticatingTransport):
         """
         extra_args, given = callers_own(extra_args)
         if given:
-            return await self._batch_given(reqs, extra_args)
+            return await self._batch_as_given(reqs, extra_args)
         args = with_authorization(extra_args, self._credentials.api_key_authorization())
         started = monotonic()
         try:
@@ -522,7 +522,7 @@ class OAuth2Transport(RenewingTransport):
         """
         extra_args, given = callers_own(extra_args)
         if given:
-            return await self._batch_given(reqs, extra_args)
+            return await self._batch_as_given(reqs, extra_args)
         started = monotonic()
         try:
             return await self._batch_renewed(reqs, extra_args)

@@ -491,7 +491,9 @@ def test_a_certificate_that_fails_verification_is_told_as_tls(
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
     thread.start()
     try:
-        url = f"https://127.0.0.1:{server.server_address[1]}/graphql"
+        # A path with words OpenSSL uses for a plain-http answer: a certificate failure
+        # is still told as one (requests' error text quotes the path).
+        url = f"https://127.0.0.1:{server.server_address[1]}/http-request/graphql"
         with pytest.raises(ServiceUnreachableError) as caught:
             execute(make(case, emulator, url, timeout=HANG_GUARD))
     finally:
@@ -511,6 +513,28 @@ def test_an_https_url_to_a_plain_http_port_says_so(emulator: Emulator, case: str
     assert f"the server at {url} answered in plain http, not TLS" in str(caught.value)
     assert "SERVICE_BASE_URL" in str(caught.value)
     assert "certificate" not in str(caught.value).rpartition(": the server at")[2]
+
+
+@pytest.mark.parametrize("case", [k for k in CASES if not k.startswith("aiohttp")])
+def test_an_https_proxy_url_to_a_plain_http_port_names_the_proxy_too(
+    emulator: Emulator, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handshake that met plain http may be the proxy's: its URL is named as a
+    suspect beside the API's, not the API's alone."""
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    proxy = emulator.base_url.replace("http://", "https://")
+    monkeypatch.setenv("HTTPS_PROXY", proxy)
+    monkeypatch.setenv("https_proxy", proxy)
+    with closed_port() as port, pytest.raises(ServiceUnreachableError) as caught:
+        execute(
+            make(
+                f"{case.rpartition('-')[0]}-api_key", emulator, f"https://127.0.0.1:{port}/graphql"
+            )
+        )
+    message = str(caught.value)
+    assert "answered in plain http, not TLS" in message
+    assert "or the proxy's URL" in message
 
 
 @pytest.mark.parametrize("case", OAUTH2_CASES)

@@ -28,6 +28,7 @@ from gql_service_auth import (
     CredentialsCallback,
     GqlServiceAuthError,
     OAuth2Transport,
+    ServiceHTTPError,
     ServiceTimeoutError,
 )
 from gql_service_auth.emulator import Emulator, ManualClock
@@ -360,6 +361,25 @@ def _poll(condition: Callable[[], bool]) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize("case", ["aiohttp-api_key", "aiohttp-oauth2"])
+async def test_a_batch_with_the_callers_own_header_is_explained_and_counted_as_execute_is(
+    case: str, emulator: Emulator, telemetry: Telemetry
+) -> None:
+    emulator.fail_graphql_requests(5, 503, body=b"busy", headers={"Content-Type": "text/plain"})
+    own = {"headers": {"Authorization": "Bearer the-callers-own"}}
+    async with Client(transport=make(case, emulator), execute_timeout=HANG_GUARD) as session:
+        with pytest.raises(ServiceHTTPError):
+            await session.execute_batch([GraphQLRequest(COUNT)], extra_args=own)
+    assert telemetry.added_to(FAILURES) == {
+        attrs(
+            gql_service_auth__method=method_of(case),
+            gql_service_auth__cause="http_status",
+            error__type="ServiceHTTPError",
+            http__response__status_code=503,
+        ): 1
+    }
 
 
 async def test_an_async_session_counts_its_failures_too(

@@ -8,7 +8,7 @@ seconds, a proxy on the way) and the words are chosen here, once for every stack
 
 from __future__ import annotations
 
-import re
+import ssl
 from typing import Final
 
 from .constants import ENV_AUTH_URL, ENV_BASE_URL, GRAPHQL_PATH
@@ -57,15 +57,34 @@ def proxy_clause(proxy: str | None) -> str:
     return f" through the proxy {proxy}" if proxy else ""
 
 
-_PLAIN: Final = re.compile(
-    r"wrong.version.number|http.request|packet.length.too.long|record.layer.failure", re.I
+_PLAIN_REASONS: Final = frozenset(
+    {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"}
 )
+"""OpenSSL's reasons for a handshake that met a plain-http answer: its versions differ."""
 
 
-def answered_in_plain(tls_error: str) -> bool:
-    """Whether a TLS failure (its text) is a server that answered the handshake in plain
-    http: an https:// URL to an http:// port. OpenSSL's versions word it differently."""
-    return _PLAIN.search(tls_error) is not None
+def answered_in_plain(error: BaseException) -> bool:
+    """Whether a TLS failure is a server that answered the handshake in plain http (an
+    https:// URL to an http:// port): told by OpenSSL's reason on the ``ssl.SSLError`` in
+    ``error``'s chain, never by a text that may quote the URL."""
+    seen: set[int] = set()
+    pending: list[object] = [error]
+    while pending and len(seen) < 32:
+        link = pending.pop(0)
+        if not isinstance(link, BaseException) or id(link) in seen:
+            continue
+        seen.add(id(link))
+        reason = getattr(link, "reason", None) if isinstance(link, ssl.SSLError) else None
+        if isinstance(reason, str):  # OpenSSL's own (aiohttp's errors are SSLErrors too)
+            return reason in _PLAIN_REASONS
+        pending += [
+            link.__cause__,
+            link.__context__,
+            getattr(link, "reason", None),
+            getattr(link, "os_error", None),
+            *link.args,
+        ]
+    return False
 
 
 def unreachable_message(
@@ -97,8 +116,9 @@ def unreachable_message(
             "the service"
         )
     elif failure == "plain":
+        which = f"{_API_URL}, or the proxy's URL" if proxy else _API_URL
         why = (
-            f"the server at {url}{via} answered in plain http, not TLS: {_API_URL}; an "
+            f"the server at {url}{via} answered in plain http, not TLS: {which}; an "
             "https:// URL names a port that serves http://"
         )
     elif failure == "dropped":

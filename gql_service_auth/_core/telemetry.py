@@ -199,7 +199,8 @@ class _Instruments:
         meter.create_observable_gauge(
             f"{NAMESPACE}.store.sharing",
             callbacks=[_reading("store.sharing")],
-            unit="1",
+            # Not "1": a Collector's Prometheus translation would add _ratio to the name.
+            unit="{store}",
             description=(
                 "1 while the process shares its tokens through the store; 0 from a "
                 "failed call of it until a fetch through it succeeds"

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from ssl import SSLContext
+from time import monotonic
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import aiohttp
@@ -144,6 +145,19 @@ class AuthenticatingTransport(ChecksAsync, AnswerHeadersApart, AIOHTTPTransport)
     ) -> list[ExecutionResult]:
         parent = AIOHTTPTransport.execute_batch(self, reqs, extra_args)
         return await as_given(parent, [self._credentials.client_secret])
+
+    async def _batch_as_given(
+        self, reqs: list[GraphQLRequest], extra_args: dict[str, Any] | None
+    ) -> list[ExecutionResult]:
+        """:meth:`_batch_given`, a failure explained and counted as ``execute``'s is."""
+        started = monotonic()
+        try:
+            return await self._batch_given(reqs, extra_args)
+        except BaseException as exc:
+            failure = self._unanswered(exc, started)
+            if failure is exc:
+                raise
+            raise failure  # noqa: B904 - its cause is set: gql's error, or none
 
     def _subscribe_given(
         self, request: GraphQLRequest, extra_args: dict[str, Any] | None

@@ -135,14 +135,16 @@ class AiohttpFormPoster:
                 else f"could not reach the token endpoint {url}{proxy_clause(proxy)} "
                 f"({type(exc).__name__}: {detail})"
             )
-            if isinstance(exc, aiohttp.ClientSSLError) and answered_in_plain(detail):
-                # A URL to fix, which no retry heals.
+            if isinstance(exc, aiohttp.ClientSSLError) and answered_in_plain(exc):
+                # A URL to fix, which no retry heals: the token URL's, or the proxy's.
+                which = " or the proxy on the way" if proxy else ""
                 raise TokenRequestError(
-                    f"the token endpoint {url}{proxy_clause(proxy)} answered in plain "
-                    "http, not TLS",
+                    f"the token endpoint {url}{proxy_clause(proxy)}{which} answered in "
+                    "plain http, not TLS",
                     hint=(
-                        f"Check {ENV_AUTH_URL} (with from_env()) or the token_url given: "
-                        "an https:// URL names a port that serves http://"
+                        f"Check {ENV_AUTH_URL} (with from_env()) or the token_url given"
+                        + (", or the proxy's URL" if proxy else "")
+                        + ": an https:// URL names a port that serves http://"
                     ),
                 ) from exc
             raise TokenRequestError(

@@ -102,7 +102,7 @@ def how(failure: BaseException) -> str:
         return "timeout"
     tls = _in_chain(failure, _TLS)
     if tls is not None:
-        return "plain" if answered_in_plain(str(tls)) else "tls"
+        return "plain" if answered_in_plain(tls) else "tls"
     if _in_chain(failure, _CONNECT) is not None:
         return "connect"
     return "dropped"
