@@ -9,6 +9,7 @@ seconds, a proxy on the way) and the words are chosen here, once for every stack
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterator
 from typing import Final
 
 from .constants import ENV_AUTH_URL, ENV_BASE_URL, GRAPHQL_PATH
@@ -63,20 +64,18 @@ _PLAIN_REASONS: Final = frozenset(
 """OpenSSL's reasons for a handshake that met a plain-http answer: its versions differ."""
 
 
-def answered_in_plain(error: BaseException) -> bool:
-    """Whether a TLS failure is a server that answered the handshake in plain http (an
-    https:// URL to an http:// port): told by OpenSSL's reason on the ``ssl.SSLError`` in
-    ``error``'s chain, never by a text that may quote the URL."""
+def chain_links(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the errors behind it, nearest first: causes and contexts, and what a
+    stack's error holds as its ``reason``, ``os_error`` or arguments (urllib3's, requests'
+    and aiohttp's); each once, 64 at most."""
     seen: set[int] = set()
     pending: list[object] = [error]
-    while pending and len(seen) < 32:
+    while pending and len(seen) < 64:
         link = pending.pop(0)
         if not isinstance(link, BaseException) or id(link) in seen:
             continue
         seen.add(id(link))
-        reason = getattr(link, "reason", None) if isinstance(link, ssl.SSLError) else None
-        if isinstance(reason, str):  # OpenSSL's own (aiohttp's errors are SSLErrors too)
-            return reason in _PLAIN_REASONS
+        yield link
         pending += [
             link.__cause__,
             link.__context__,
@@ -84,6 +83,16 @@ def answered_in_plain(error: BaseException) -> bool:
             getattr(link, "os_error", None),
             *link.args,
         ]
+
+
+def answered_in_plain(error: BaseException) -> bool:
+    """Whether a TLS failure is a server that answered the handshake in plain http (an
+    https:// URL to an http:// port): told by OpenSSL's reason on the ``ssl.SSLError`` in
+    ``error``'s chain, never by a text that may quote the URL."""
+    for link in chain_links(error):
+        reason = getattr(link, "reason", None) if isinstance(link, ssl.SSLError) else None
+        if isinstance(reason, str):  # OpenSSL's own (aiohttp's errors are SSLErrors too)
+            return reason in _PLAIN_REASONS
     return False
 
 

@@ -445,9 +445,7 @@ def error_type(event: Event) -> str:
         return error
     if event.status is not None:
         return str(event.status)
-    if error is not None and _CLASS_NAME.fullmatch(error):
-        return error
-    return "_OTHER"
+    return class_name(error)
 
 
 def _record(instruments: _Instruments, event: Event) -> None:

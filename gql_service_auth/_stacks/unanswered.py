@@ -27,6 +27,7 @@ from gql.transport.exceptions import TransportConnectionFailed, TransportServerE
 from .._core.config import environment_proxy_logins
 from .._core.diagnosis import (
     answered_in_plain,
+    chain_links,
     deadline_message,
     http_status_message,
     unreachable_message,
@@ -81,19 +82,8 @@ class ServiceEndpoint(Protocol):
 
 
 def _in_chain(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first error of ``kinds`` in ``exc``'s chain, causes and contexts, and the errors
-    a stack's error holds as its ``reason`` or its arguments (urllib3's and requests')."""
-    seen: set[int] = set()
-    pending: list[object] = [exc]
-    while pending and len(seen) < 64:
-        link = pending.pop(0)
-        if not isinstance(link, BaseException) or id(link) in seen:
-            continue
-        seen.add(id(link))
-        if isinstance(link, kinds):
-            return link
-        pending += [link.__cause__, link.__context__, getattr(link, "reason", None), *link.args]
-    return None
+    """The first error of ``kinds`` in ``exc``'s chain (see ``chain_links``)."""
+    return next((link for link in chain_links(exc) if isinstance(link, kinds)), None)
 
 
 def how(failure: BaseException) -> str:

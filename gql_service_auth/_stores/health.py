@@ -7,6 +7,7 @@ store.sharing gauge, from a failed call until a call succeeds.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 
@@ -24,18 +25,25 @@ class Health:
         error: The class name of the last failure, until a fetch through the store
             succeeds with no call of it failing: the token in hand was not shared until
             then (the store is asked once per token lifetime, so longer than it rests).
-        failures: The failures so far, by which a fetch tells whether one of its calls
-            failed (another transport's may have too: the store stays unshared).
+        failures: The number of the latest failure, by which a fetch tells whether one
+            of its calls failed (another transport's may have too: the store stays
+            unshared); drawn from a counter, so that failures on two threads at once
+            both change it.
         location: The store as events and the store.sharing gauge name it.
     """
 
-    __slots__ = ("error", "failures", "location", "rest_until")
+    __slots__ = ("_numbers", "error", "failures", "location", "rest_until")
 
     def __init__(self, location: str) -> None:
         self.rest_until = 0.0
         self.error: str | None = None
         self.failures = 0
+        self._numbers = itertools.count(1)
         self.location = location
+
+    def failed(self, error: str) -> None:
+        """Note a failure of the store, of class ``error``."""
+        self.error, self.failures = error, next(self._numbers)
 
 
 class Healths:

@@ -290,7 +290,7 @@ class SharedLevel:
         health, now = self._health, time.monotonic()
         if self._closed():
             return  # closed on purpose
-        health.error, health.failures = error.error, health.failures + 1
+        health.failed(error.error)
         if now < health.rest_until:
             return  # another transport on this store said so already
         cooldown = self._store.cooldown
