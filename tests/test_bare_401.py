@@ -241,9 +241,11 @@ async def test_concurrent_refusals_of_both_kinds_share_one_renewal(
     async with Client(transport=make_oauth2()) as session:
         await session.execute(COUNT)
         emulator.revoke_tokens()
-        emulator.fail_graphql_requests(10, body={"data": None, "errors": [UNAUTHENTICATED_ERROR]})
-        bare_401s(emulator)  # what the other ten meet
-        emulator.graphql_latency = 0.02  # so all 20 are in flight with the revoked token
+        # Only requests with the revoked token meet these, so a re-send or a late original
+        # with the renewed one is answered, however the stack schedules its 20 calls.
+        emulator.answer_refusals(10, body={"data": None, "errors": [UNAUTHENTICATED_ERROR]})
+        bare_401s(emulator)  # what the other refusals meet
+        emulator.graphql_latency = 0.02  # so calls are in flight with the revoked token
         results = await asyncio.wait_for(
             asyncio.gather(*(session.execute(COUNT) for _ in range(20))), timeout=10
         )

@@ -84,6 +84,26 @@ async def test_missing_or_unknown_authorization_is_refused(
         assert body["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
 
 
+async def test_answers_to_refusals_meet_only_refused_requests(
+    emulator: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """``answer_refusals``: an accepted request passes them by; the refused ones meet them
+    in order, then the emulator's own refusal again."""
+    emulator.answer_refusals(1, 401, body=b"")
+    _, body = await _token(http, emulator, **_grant(emulator.recent_client))
+    accepted = await _query(http, emulator, f"Bearer {body['access_token']}")
+    assert "errors" not in accepted
+    headers = {"Authorization": "Bearer never-issued"}
+    statuses = []
+    for _ in range(2):
+        async with http.post(emulator.graphql_url, json=QUERY, headers=headers) as response:
+            statuses.append((response.status, await response.read()))
+    assert statuses[0] == (401, b"")
+    assert statuses[1][0] == 200
+    assert b"UNAUTHENTICATED" in statuses[1][1]
+    assert emulator.counters.unauthenticated_responses == 2
+
+
 @pytest.mark.parametrize(
     ("form", "status", "error"),
     [

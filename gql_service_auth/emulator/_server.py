@@ -184,6 +184,17 @@ def _encode(body: bytes | str | Mapping[str, Any] | list[Any] | None) -> bytes:
     return _json_bytes(body if isinstance(body, list) else dict(body))
 
 
+def _fault(
+    status: int,
+    body: bytes | str | Mapping[str, Any] | list[Any] | None,
+    headers: Mapping[str, str] | None,
+) -> _Fault:
+    """An answer given as told, JSON unless ``body`` is bytes."""
+    fault_headers = {"Content-Type": "application/json"} if not isinstance(body, bytes) else {}
+    fault_headers.update(headers or {})
+    return _Fault(status, _encode(body), fault_headers)
+
+
 class Emulator:
     """The service on 127.0.0.1: GraphQL API, token endpoint, and knobs to make them fail.
 
@@ -263,6 +274,7 @@ class Emulator:
         self._issued_to: dict[str, str] = {}  # every token issued, to whom, latest kept
         self._faults: deque[_Fault] = deque()
         self._graphql_faults: deque[_Fault] = deque()
+        self._refusal_faults: deque[_Fault] = deque()
         self._field_refusals = 0
         self._runner: web.AppRunner | None = None
         self._token_frozen_until = 0.0  # time.monotonic(): outages last real time
@@ -376,10 +388,25 @@ class Emulator:
         next to an ``UNAUTHENTICATED`` error, a body that is not JSON, a redirect
         (``status=307, headers={"Location": ...}``).
         """
-        fault_headers = {"Content-Type": "application/json"} if not isinstance(body, bytes) else {}
-        fault_headers.update(headers or {})
-        fault = _Fault(status, _encode(body), fault_headers)
-        self._graphql_faults.extend([fault] * count)
+        self._graphql_faults.extend([_fault(status, body, headers)] * count)
+
+    def answer_refusals(
+        self,
+        count: int,
+        status: int = 200,
+        *,
+        body: bytes | str | Mapping[str, Any] | list[Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Answer the next ``count`` requests the GraphQL endpoint refuses with ``body``.
+
+        Only a request whose ``Authorization`` is refused (a revoked, expired or unknown
+        token, a wrong API key) meets one; an accepted request is answered as always,
+        however many callers are on the way. For a server whose refusals come in more
+        than one shape: an ``UNAUTHENTICATED`` body for some, a bare 401 for the others.
+        Each counts in ``counters.unauthenticated_responses``.
+        """
+        self._refusal_faults.extend([_fault(status, body, headers)] * count)
 
     def create_credentials(
         self, *, registered: date | None = None, scopes: frozenset[str] | None = None
@@ -694,6 +721,9 @@ class Emulator:
         refusal = self._authenticate(request.headers.get("Authorization"))
         if refusal is not None:
             self.counters.unauthenticated_responses += 1
+            if self._refusal_faults:
+                fault = self._refusal_faults.popleft()
+                return web.Response(status=fault.status, body=fault.body, headers=fault.headers)
             return self._refuse(refusal, payload)
         if isinstance(payload, list):
             results = [await self._execute(item) for item in payload]
