@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-stacks lint typecheck pytest gql-suite demo examples soak bench docs docs-screenshots matrix sdist-check clean
+.PHONY: install test test-stacks test-bench lint typecheck pytest gql-suite demo examples soak bench docs docs-screenshots matrix sdist-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,11 +37,18 @@ PYTEST_WORKERS ?= 3
 # coverage run, not pytest-cov: the pytest11 plugin is imported before pytest-cov starts.
 # The workers are subprocesses, measured by coverage's subprocess patch (pyproject.toml).
 # loadgroup keeps each xdist_group (a module-scoped fixture's users) in one worker.
+# COVERAGE=0 runs the suite without it (sdist-check: make test has measured the work tree).
+COVERAGE ?= 1
+
 pytest: $(STAMP)
+ifeq ($(COVERAGE),0)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+else
 	rm -f .coverage .coverage.*
 	$(BIN)/coverage run -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 	$(BIN)/coverage combine -q
 	$(BIN)/coverage report
+endif
 
 # gql's own aiohttp transport tests, from the sdist of the installed gql (fetched once into
 # .venv/gql-sdist), run with gql's transport, then with ApiKeyTransport and OAuth2Transport
@@ -52,6 +59,11 @@ pytest: $(STAMP)
 test-stacks: $(STAMP)
 	GQL_SERVICE_AUTH_STACKS=httpx,requests,httpxsync,trio $(BIN)/python -m pytest \
 		-n $(PYTEST_WORKERS) --dist loadgroup -p no:randomly
+
+# bench.py's tiny run proves make bench's script reports every figure: two minutes of one
+# worker and most of a core beside it, so apart from make test too; .ci/run runs it.
+test-bench: $(STAMP)
+	GQL_SERVICE_AUTH_BENCH=1 $(BIN)/python -m pytest tests/test_bench.py -p no:randomly
 
 gql-suite: $(STAMP)
 	$(BIN)/python tests/gql_suite/run.py
@@ -99,14 +111,15 @@ docs-screenshots: docs
 matrix: $(STAMP)
 	$(BIN)/nox
 
-# An unpacked sdist must pass make test on its own: build it, unpack it, run it there.
+# An unpacked sdist must pass make test on its own: build it, unpack it, run it there
+# (without coverage, which make test has measured on the same files: a quarter of its time).
 SDIST_DIR := $(VENV)/sdist-check
 
 sdist-check: $(STAMP)
 	rm -rf $(SDIST_DIR)
 	$(BIN)/python -m build --sdist --outdir $(SDIST_DIR) .
 	tar -xzf $(SDIST_DIR)/*.tar.gz -C $(SDIST_DIR)
-	$(MAKE) -C $(SDIST_DIR)/gql_service_auth-*/ test PYTHON=$(PYTHON)
+	$(MAKE) -C $(SDIST_DIR)/gql_service_auth-*/ test PYTHON=$(PYTHON) COVERAGE=0
 
 examples: $(STAMP)
 	@for script in examples/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done

@@ -27,6 +27,7 @@ each proven, on an injected clock or by events, by a behaviour test:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -58,9 +59,17 @@ FIGURES = (
     "17 budget",
 )
 
-# One worker runs them all (make test's --dist loadgroup): the module's fixture, a tiny
-# benchmark run (about 30 s on a quiet machine), then runs once, not once per worker.
-pytestmark = pytest.mark.xdist_group("bench")
+# The tiny run takes two minutes of one worker and most of a core beside it (every figure's
+# processes, under coverage in make test): make test-bench runs it, and .ci/run, apart from
+# make test, as make test-stacks runs the other stacks. One worker runs them all (--dist
+# loadgroup): the module's fixture then runs once, not once per worker.
+pytestmark = [
+    pytest.mark.xdist_group("bench"),
+    pytest.mark.skipif(
+        os.environ.get("GQL_SERVICE_AUTH_BENCH") != "1",
+        reason="the benchmark's tiny run: make test-bench (GQL_SERVICE_AUTH_BENCH=1)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
