@@ -60,8 +60,8 @@ test-stacks: $(STAMP)
 	GQL_SERVICE_AUTH_STACKS=httpx,requests,httpxsync,trio $(BIN)/python -m pytest \
 		-n $(PYTEST_WORKERS) --dist loadgroup -p no:randomly
 
-# bench.py's tiny run proves make bench's script reports every figure: two minutes of one
-# worker and most of a core beside it, so apart from make test too; .ci/run runs it.
+# bench.py's tiny run proves make bench's script reports every figure: about two minutes
+# (1 min 45 s alone here), so apart from make test too; .ci/run runs it.
 test-bench: $(STAMP)
 	GQL_SERVICE_AUTH_BENCH=1 $(BIN)/python -m pytest tests/test_bench.py -p no:randomly
 
@@ -106,7 +106,7 @@ docs: $(DOCS_STAMP)
 docs-screenshots: docs
 	bash docs/screenshots.sh docs/_build/html docs/_build/screenshots
 
-# The suite on every other Python 3.10-3.13 the machine has (absent ones are skipped), by
+# The suite on every other Python 3.10-3.14 the machine has (absent ones are skipped), by
 # nox; make test runs it on the default one.
 matrix: $(STAMP)
 	$(BIN)/nox

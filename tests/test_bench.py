@@ -59,10 +59,10 @@ FIGURES = (
     "17 budget",
 )
 
-# The tiny run takes two minutes of one worker and most of a core beside it (every figure's
-# processes, under coverage in make test): make test-bench runs it, and .ci/run, apart from
-# make test, as make test-stacks runs the other stacks. One worker runs them all (--dist
-# loadgroup): the module's fixture then runs once, not once per worker.
+# The tiny run takes about two minutes, and its processes most of a core: make test-bench
+# runs it, and .ci/run, apart from make test, as make test-stacks runs the other stacks.
+# Under pytest-xdist, one worker runs them all (--dist loadgroup), so the module's fixture
+# runs once, not once per worker.
 pytestmark = [
     pytest.mark.xdist_group("bench"),
     pytest.mark.skipif(

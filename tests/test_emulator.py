@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import gc
+import json
 import threading
 import urllib.request
 from collections.abc import AsyncIterator
@@ -87,21 +88,31 @@ async def test_missing_or_unknown_authorization_is_refused(
 async def test_answers_to_refusals_meet_only_refused_requests(
     emulator: Emulator, http: aiohttp.ClientSession
 ) -> None:
-    """``answer_refusals``: an accepted request passes them by; the refused ones meet them
-    in order, then the emulator's own refusal again."""
-    emulator.answer_refusals(1, 401, body=b"")
+    """``answer_refusals``: accepted requests pass them by, refused ones meet them in order."""
+    unauthenticated = {"data": None, "errors": [{"extensions": {"code": "UNAUTHENTICATED"}}]}
+    emulator.answer_refusals(1)
+    emulator.answer_refusals(1, 200, body=unauthenticated)
+    emulator.answer_refusals(1, 200, body=unauthenticated)
     _, body = await _token(http, emulator, **_grant(emulator.recent_client))
-    accepted = await _query(http, emulator, f"Bearer {body['access_token']}")
-    assert "errors" not in accepted
-    headers = {"Authorization": "Bearer never-issued"}
-    statuses = []
-    for _ in range(2):
-        async with http.post(emulator.graphql_url, json=QUERY, headers=headers) as response:
-            statuses.append((response.status, await response.read()))
-    assert statuses[0] == (401, b"")
-    assert statuses[1][0] == 200
-    assert b"UNAUTHENTICATED" in statuses[1][1]
-    assert emulator.counters.unauthenticated_responses == 2
+    assert "errors" not in await _query(http, emulator, f"Bearer {body['access_token']}")
+    legacy = emulator.legacy_client
+    answers = []
+    for authorization, payload in (
+        ("Bearer never-issued", QUERY),
+        (f"SERVICE-API-KEY {legacy.client_id}:{legacy.client_secret}", QUERY),
+        ("Bearer never-issued", [QUERY, QUERY]),  # a batch: a copy per request
+        ("Bearer never-issued", QUERY),  # the emulator's own refusal again
+    ):
+        headers = {"Authorization": authorization}
+        async with http.post(emulator.graphql_url, json=payload, headers=headers) as response:
+            answers.append((response.status, await response.read()))
+    assert answers[0] == (401, b"")
+    assert answers[1][0] == 200
+    assert json.loads(answers[1][1]) == unauthenticated
+    assert json.loads(answers[2][1]) == [unauthenticated, unauthenticated]
+    assert answers[3][0] == 200
+    assert b"invalid access token" in answers[3][1]
+    assert emulator.counters.unauthenticated_responses == 4
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,11 @@ from .._core import fork as _fork
 from .._core.telemetry import NAMESPACE, Reading, class_name, observe
 from .protocol import TokenStore
 
+# Numbers of store failures, one counter for the process: next() on it is atomic, and a
+# Health holds only plain values, so a transport copied or pickled with its store copies
+# it (itertools objects warn when copied on Python 3.12 and 3.13, and cannot be from 3.14).
+_FAILURE_NUMBERS = itertools.count(1)
+
 
 class Health:
     """Whether a store is resting after a failure: one per store, shared by its transports.
@@ -27,23 +32,22 @@ class Health:
             then (the store is asked once per token lifetime, so longer than it rests).
         failures: The number of the latest failure, by which a fetch tells whether one
             of its calls failed (another transport's may have too: the store stays
-            unshared); drawn from a counter, so that failures on two threads at once
-            both change it.
+            unshared); drawn from the process's counter, so that failures on two threads
+            at once both change it.
         location: The store as events and the store.sharing gauge name it.
     """
 
-    __slots__ = ("_numbers", "error", "failures", "location", "rest_until")
+    __slots__ = ("error", "failures", "location", "rest_until")
 
     def __init__(self, location: str) -> None:
         self.rest_until = 0.0
         self.error: str | None = None
         self.failures = 0
-        self._numbers = itertools.count(1)
         self.location = location
 
     def failed(self, error: str) -> None:
         """Note a failure of the store, of class ``error``."""
-        self.error, self.failures = error, next(self._numbers)
+        self.error, self.failures = error, next(_FAILURE_NUMBERS)
 
 
 class Healths:

@@ -117,6 +117,22 @@ class _Fault:
     headers: Mapping[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class _RefusalAnswer:
+    """An answer :meth:`Emulator.answer_refusals` queued, kept as given: a JSON object
+    answers a batch with a copy per request, so it is encoded once the request is read."""
+
+    status: int
+    body: bytes | str | Mapping[str, Any] | list[Any] | None
+    headers: Mapping[str, str] | None
+
+    def to(self, payload: object) -> _Fault:
+        body = self.body
+        if isinstance(payload, list) and isinstance(body, Mapping):
+            body = [dict(body)] * len(payload)
+        return _fault(self.status, b"" if body is None else body, self.headers)
+
+
 @dataclass(slots=True)
 class _Issued:
     client_id: str
@@ -189,7 +205,8 @@ def _fault(
     body: bytes | str | Mapping[str, Any] | list[Any] | None,
     headers: Mapping[str, str] | None,
 ) -> _Fault:
-    """An answer given as told, JSON unless ``body`` is bytes."""
+    """An answer given as told: ``body`` encoded by :func:`_encode`, with JSON's content
+    type unless it is bytes."""
     fault_headers = {"Content-Type": "application/json"} if not isinstance(body, bytes) else {}
     fault_headers.update(headers or {})
     return _Fault(status, _encode(body), fault_headers)
@@ -274,7 +291,7 @@ class Emulator:
         self._issued_to: dict[str, str] = {}  # every token issued, to whom, latest kept
         self._faults: deque[_Fault] = deque()
         self._graphql_faults: deque[_Fault] = deque()
-        self._refusal_faults: deque[_Fault] = deque()
+        self._refusal_answers: deque[_RefusalAnswer] = deque()
         self._field_refusals = 0
         self._runner: web.AppRunner | None = None
         self._token_frozen_until = 0.0  # time.monotonic(): outages last real time
@@ -393,20 +410,36 @@ class Emulator:
     def answer_refusals(
         self,
         count: int,
-        status: int = 200,
+        status: int = 401,
         *,
         body: bytes | str | Mapping[str, Any] | list[Any] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        """Answer the next ``count`` requests the GraphQL endpoint refuses with ``body``.
+        """Answer the next ``count`` requests ``POST /graphql`` refuses with ``status`` and
+        ``body`` rather than the emulator's own refusal; by default, bare 401s.
 
-        Only a request whose ``Authorization`` is refused (a revoked, expired or unknown
-        token, a wrong API key) meets one; an accepted request is answered as always,
-        however many callers are on the way. For a server whose refusals come in more
-        than one shape: an ``UNAUTHENTICATED`` body for some, a bare 401 for the others.
-        Each counts in ``counters.unauthenticated_responses``.
+        Only a request the emulator refuses meets one: no ``Authorization``, an unknown
+        scheme, a token revoked, expired, unknown or refused by ``refuse_all_tokens``, an
+        API key that is wrong or not allowed. An accepted request passes them by, however
+        many callers are on the way, so a server whose refusals come in more than one shape
+        (a bare 401 for some callers, ``UNAUTHENTICATED`` in a body for others) can be
+        played to callers that do not all fly at once. Each counts in
+        ``counters.unauthenticated_responses``. Calls queue their answers in order.
+
+        Not refusals of the request, and so not answered here: a body that is not JSON (a
+        400 before ``Authorization`` is read), an answer :meth:`fail_graphql_requests`
+        queued (it comes first, whatever the request), a resolver's refusal
+        (:meth:`refuse_fields`), the websocket's (its close code).
+
+        Args:
+            count: How many refusals to answer so.
+            status: Their HTTP status.
+            body: ``None`` for no body; bytes or text as given; a JSON object or list as
+                JSON, an object answering a batch with a copy per request, as the
+                emulator's own refusal does.
+            headers: Headers added to JSON's content type (none for bytes or no body).
         """
-        self._refusal_faults.extend([_fault(status, body, headers)] * count)
+        self._refusal_answers.extend([_RefusalAnswer(status, body, headers)] * count)
 
     def create_credentials(
         self, *, registered: date | None = None, scopes: frozenset[str] | None = None
@@ -721,8 +754,8 @@ class Emulator:
         refusal = self._authenticate(request.headers.get("Authorization"))
         if refusal is not None:
             self.counters.unauthenticated_responses += 1
-            if self._refusal_faults:
-                fault = self._refusal_faults.popleft()
+            if self._refusal_answers:
+                fault = self._refusal_answers.popleft().to(payload)
                 return web.Response(status=fault.status, body=fault.body, headers=fault.headers)
             return self._refuse(refusal, payload)
         if isinstance(payload, list):

@@ -35,6 +35,17 @@ def test_only_the_token_in_hand_is_dropped_when_refused() -> None:
     assert refusals.answer is None  # the latest refusal's kind, dropped or not
 
 
+def test_a_refusal_of_either_kind_after_one_of_the_other_drops_nothing_more() -> None:
+    """A bare 401 (``answer`` the status) after a refusal in a body (``None``), and the
+    other way round: the token they refused is replaced already, whatever the kind."""
+    for first, late in (("401", None), (None, "401")):
+        refusals = ledger(Clock())
+        one, two = token(1), token(2)
+        assert refusals.refused(one, current=one, answer=first)
+        assert not refusals.refused(one, current=two, answer=late)
+        assert refusals.answer == late
+
+
 def test_refused_fresh_tokens_pause_renewals_until_an_answer_accepts_one() -> None:
     clock = Clock()
     refusals = ledger(clock)
