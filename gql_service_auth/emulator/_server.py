@@ -116,6 +116,14 @@ class _Fault:
     body: bytes
     headers: Mapping[str, str]
 
+    def response(self) -> web.Response:
+        return web.Response(status=self.status, body=self.body, headers=self.headers)
+
+
+_Body = bytes | str | Mapping[str, Any] | list[Any] | None
+"""A fault's body as a knob takes it: bytes or text as given, JSON otherwise (see _encode);
+spelled out in the knobs' own signatures, which the API reference shows."""
+
 
 @dataclass(frozen=True, slots=True)
 class _RefusalAnswer:
@@ -123,7 +131,7 @@ class _RefusalAnswer:
     answers a batch with a copy per request, so it is encoded once the request is read."""
 
     status: int
-    body: bytes | str | Mapping[str, Any] | list[Any] | None
+    body: _Body
     headers: Mapping[str, str] | None
 
     def to(self, payload: object) -> _Fault:
@@ -190,7 +198,7 @@ def _json_bytes(value: object) -> bytes:
     return json.dumps(value).encode()
 
 
-def _encode(body: bytes | str | Mapping[str, Any] | list[Any] | None) -> bytes:
+def _encode(body: _Body) -> bytes:
     if body is None:
         return b""
     if isinstance(body, str):
@@ -202,7 +210,7 @@ def _encode(body: bytes | str | Mapping[str, Any] | list[Any] | None) -> bytes:
 
 def _fault(
     status: int,
-    body: bytes | str | Mapping[str, Any] | list[Any] | None,
+    body: _Body,
     headers: Mapping[str, str] | None,
 ) -> _Fault:
     """An answer given as told: ``body`` encoded by :func:`_encode`, with JSON's content
@@ -615,7 +623,7 @@ class Emulator:
         self.requests.append(RecordedRequest(TOKEN_PATH, request.headers.copy(), form))
         if self._faults:
             fault = self._faults.popleft()
-            return web.Response(status=fault.status, body=fault.body, headers=fault.headers)
+            return fault.response()
         if form is None:
             return self._oauth_error(
                 400, "invalid_request", "use application/x-www-form-urlencoded"
@@ -746,7 +754,7 @@ class Emulator:
             await asyncio.sleep(self.graphql_latency)
         if self._graphql_faults:
             fault = self._graphql_faults.popleft()
-            return web.Response(status=fault.status, body=fault.body, headers=fault.headers)
+            return fault.response()
         try:
             payload = await self._read_payload(request)
         except ValueError as exc:
@@ -755,8 +763,7 @@ class Emulator:
         if refusal is not None:
             self.counters.unauthenticated_responses += 1
             if self._refusal_answers:
-                fault = self._refusal_answers.popleft().to(payload)
-                return web.Response(status=fault.status, body=fault.body, headers=fault.headers)
+                return self._refusal_answers.popleft().to(payload).response()
             return self._refuse(refusal, payload)
         if isinstance(payload, list):
             results = [await self._execute(item) for item in payload]
